@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# Build .venv with the validated stack (requirements/*.lock) and install the plugin
+# with its native extension. Idempotent: a re-run installs only what is missing.
+#
+#   scripts/setup.sh          runtime stack + plugin
+#   scripts/setup.sh --dev    + test and lint tools
+#
+# Variables: VENV (default .venv), PYTHON (default python3, 3.10-3.12),
+#            VLLM_KUNLUN_BUILD_EXT=0 to skip the native extension.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+VENV=${VENV:-.venv}
+PYTHON=${PYTHON:-python3}
+UV_VERSION=0.13.9
+dev=0
+for arg in "$@"; do
+  case "$arg" in
+    --dev) dev=1 ;;
+    *) echo "setup.sh: unknown argument '$arg' (use --dev or nothing)" >&2; exit 2 ;;
+  esac
+done
+
+pyver=$("$PYTHON" -c 'import sys; print("%d.%d" % sys.version_info[:2])')
+case "$pyver" in
+  3.10|3.11|3.12) ;;
+  *) echo "setup.sh: Python $pyver found; torch 2.5.1 + vllm 0.15.1 need 3.10-3.12. Set PYTHON=python3.11." >&2; exit 1 ;;
+esac
+
+start=$(date +%s)
+if [ ! -x "$VENV/bin/python" ]; then
+  echo "==> creating $VENV with $PYTHON ($pyver)"
+  "$PYTHON" -m venv "$VENV"
+fi
+py="$VENV/bin/python"
+if ! "$VENV/bin/uv" --version 2>/dev/null | grep -q "$UV_VERSION"; then
+  echo "==> installing uv $UV_VERSION into $VENV"
+  "$py" -m pip install -q --disable-pip-version-check "uv==$UV_VERSION"
+fi
+uv=("$VENV/bin/uv" pip install --python "$py")
+
+echo "==> validated stack (requirements/stack.lock)"
+"${uv[@]}" -r requirements/stack.lock
+if [ "$dev" = 1 ]; then
+  echo "==> test and lint tools (requirements/dev.lock)"
+  "${uv[@]}" -r requirements/dev.lock
+fi
+# vllm's metadata pins torch 2.9.1 and transformers<5: install it without its deps.
+echo "==> vllm (--no-deps, requirements/vllm.txt)"
+"${uv[@]}" --no-deps -r requirements/vllm.txt
+# --no-build-isolation: the extension builds against the venv's torch 2.5.1.
+echo "==> vllm-kunlun (editable, native extension unless VLLM_KUNLUN_BUILD_EXT=0)"
+"${uv[@]}" --no-deps --no-build-isolation --reinstall-package vllm-kunlun -e .
+
+echo "==> stack check"
+"$VENV/bin/vllm-kunlun" versions --strict
+echo "==> setup done in $(( $(date +%s) - start ))s; venv size $(du -sh "$VENV" | cut -f1)"

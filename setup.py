@@ -1,0 +1,75 @@
+"""Packaging for vllm-kunlun: the single source of metadata and entry points.
+
+The native extension (csrc/) builds against the torch installed in the environment, so
+install with ``--no-build-isolation`` (scripts/setup.sh does). Set
+VLLM_KUNLUN_BUILD_EXT=0 to skip it; the plugin then says once at run time what is
+missing and how to fix it.
+"""
+
+import importlib.util
+import os
+import sys
+
+from setuptools import find_packages, setup
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def _load_envs():
+    # envs.py is the one place that reads VLLM_KUNLUN_* variables; load it by path so
+    # setup.py does not import the package (which needs vLLM).
+    spec = importlib.util.spec_from_file_location(
+        "_vllm_kunlun_envs", os.path.join(HERE, "vllm_kunlun", "envs.py")
+    )
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
+
+
+def _read_version():
+    with open(os.path.join(HERE, "vllm_kunlun", "__init__.py")) as f:
+        for line in f:
+            if line.startswith("__version__"):
+                return line.split("=")[1].strip().strip('"')
+    raise RuntimeError("vllm_kunlun/__init__.py has no __version__")
+
+
+def _ext_modules_and_cmdclass():
+    if not _load_envs().VLLM_KUNLUN_BUILD_EXT:
+        print("vllm-kunlun: VLLM_KUNLUN_BUILD_EXT=0, native extension not built")
+        return [], {}
+    from torch.utils.cpp_extension import BuildExtension, CppExtension
+
+    ext = CppExtension(
+        name="vllm_kunlun._native",
+        sources=["csrc/weak_ref_tensor.cpp"],
+        extra_compile_args=["-O2", "-g0"],
+    )
+    return [ext], {"build_ext": BuildExtension.with_options(use_ninja=True)}
+
+
+ext_modules, cmdclass = _ext_modules_and_cmdclass()
+
+setup(
+    name="vllm-kunlun",
+    version=_read_version(),
+    description="vLLM platform plugin for Kunlun P800 XPUs (vllm 0.15.1, torch 2.5.1)",
+    long_description=open(os.path.join(HERE, "README.md")).read(),
+    long_description_content_type="text/markdown",
+    license="Apache-2.0",
+    python_requires=">=3.10,<3.13",
+    packages=find_packages(include=["vllm_kunlun", "vllm_kunlun.*"]),
+    package_data={"vllm_kunlun": ["py.typed"]},
+    # The stack (vllm, torch, transformers) is pinned in requirements/*.lock and
+    # installed by scripts/setup.sh: vllm must go in with --no-deps, which package
+    # metadata cannot express.
+    install_requires=[],
+    ext_modules=ext_modules,
+    cmdclass=cmdclass,
+    entry_points={
+        "vllm.platform_plugins": ["kunlun = vllm_kunlun:register"],
+        "vllm.general_plugins": ["kunlun_runtime_fixes = vllm_kunlun:register_runtime_fixes"],
+        "console_scripts": ["vllm-kunlun = vllm_kunlun.cli:main"],
+    },
+)

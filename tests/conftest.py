@@ -1,0 +1,61 @@
+"""Shared test helpers.
+
+Vendor fakes live in tests/fakes and are only ever put on the path of a subprocess
+(``run_python``) or inserted for one test (``fake_vendor_path``); the package never
+imports them.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+FAKES = REPO / "tests" / "fakes"
+
+# Variables that would change plugin or vLLM behaviour in a child process.
+_SCRUB = ("VLLM_PLUGINS", "VLLM_KUNLUN_", "FAKE_", "XPU_VISIBLE_DEVICES")
+
+
+def child_env(extra: dict[str, str] | None = None, fakes: bool = True) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(_SCRUB)}
+    if fakes:
+        env["PYTHONPATH"] = os.pathsep.join(
+            [str(FAKES), *filter(None, [env.get("PYTHONPATH")])]
+        )
+    env.setdefault("VLLM_LOGGING_LEVEL", "DEBUG")
+    env.update(extra or {})
+    return env
+
+
+def run_python(
+    code: str,
+    env: dict[str, str] | None = None,
+    fakes: bool = True,
+    timeout: float = 300,
+    cwd: str | Path | None = None,
+) -> subprocess.CompletedProcess[str]:
+    """Run ``code`` in a fresh interpreter of this venv (real vLLM, real plugin)."""
+    return subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        env=child_env(env, fakes=fakes),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=cwd or REPO,
+    )
+
+
+@pytest.fixture
+def fake_vendor_path(monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Put tests/fakes on sys.path for this test and drop cached fake modules after."""
+    monkeypatch.syspath_prepend(str(FAKES))
+    yield FAKES
+    for name in list(sys.modules):
+        if name.split(".")[0] in ("torch_xmlir", "kunlun_ops", "xspeedgate_ops"):
+            del sys.modules[name]

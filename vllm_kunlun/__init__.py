@@ -1,0 +1,73 @@
+"""vLLM platform plugin for Kunlun P800 XPUs.
+
+Only entry-point functions live here. vLLM calls them in every process (API server,
+engine core, each worker), more than once, and swallows their exceptions: they are
+cheap, re-entrant, and log the reason before anything escapes.
+"""
+
+from __future__ import annotations
+
+__version__ = "0.1.0"
+
+KUNLUN_PLATFORM = "vllm_kunlun.platform.KunlunPlatform"
+
+
+def register() -> str | None:
+    """``vllm.platform_plugins`` entry point: the platform class path, or None.
+
+    None when no Kunlun device is present, so that installing the plugin into a CUDA
+    or CPU image never takes vLLM's own platform away.
+    """
+    from vllm.logger import init_logger
+
+    logger = init_logger(__name__)
+    try:
+        from vllm_kunlun import envs
+        from vllm_kunlun.device import probe_devices
+
+        probe = probe_devices()
+        if probe.count > 0:
+            logger.debug(
+                "vllm-kunlun: %d Kunlun device(s) from %s", probe.count, probe.source
+            )
+            return KUNLUN_PLATFORM
+        if envs.VLLM_KUNLUN_FORCE_PLATFORM:
+            logger.debug(
+                "vllm-kunlun: no Kunlun device detected (%s), activated by "
+                "VLLM_KUNLUN_FORCE_PLATFORM=1",
+                probe.source,
+            )
+            return KUNLUN_PLATFORM
+        logger.debug(
+            "vllm-kunlun: platform not activated: no Kunlun device detected (%s). "
+            "Set VLLM_KUNLUN_FORCE_PLATFORM=1 to activate it anyway.",
+            probe.source,
+        )
+        return None
+    except Exception:
+        # vLLM swallows this exception and silently falls back to another platform.
+        logger.exception("vllm-kunlun: register() failed; the Kunlun platform is off")
+        raise
+
+
+def register_runtime_fixes() -> None:
+    """``vllm.general_plugins`` entry point: runtime fixes for the active platform.
+
+    Does nothing unless the current platform is one of ours.
+    """
+    from vllm.logger import init_logger
+
+    logger = init_logger(__name__)
+    try:
+        from vllm.platforms import current_platform
+
+        from vllm_kunlun.platform import KunlunPlatform
+
+        if not isinstance(current_platform, KunlunPlatform):
+            return
+        from vllm_kunlun.patching.runtime import apply_runtime_fixes
+
+        apply_runtime_fixes()
+    except Exception:
+        logger.exception("vllm-kunlun: applying runtime fixes failed")
+        raise

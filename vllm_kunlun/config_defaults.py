@@ -1,0 +1,67 @@
+"""The engine defaults KunlunPlatform sets in ``check_and_update_config``.
+
+Every default is logged once with its reason, so a user reading the engine log can see
+what the platform changed and undo it on purpose.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from vllm.logger import init_logger
+
+if TYPE_CHECKING:
+    from vllm.config import VllmConfig
+
+logger = init_logger(__name__)
+
+WORKER_CLS = "vllm.v1.worker.gpu_worker.Worker"
+DEFAULT_BLOCK_SIZE = 16
+# Inductor fusion passes that need newer torch (pattern matcher features) or vllm._C
+# fused kernels; torch 2.5.1 on Kunlun runs none of them.
+DISABLED_FUSION_PASSES = (
+    "fuse_norm_quant",
+    "fuse_act_quant",
+    "fuse_attn_quant",
+    "enable_sp",
+    "fuse_gemm_comms",
+    "fuse_allreduce_rms",
+    "enable_qk_norm_rope_fusion",
+)
+
+
+def _set(obj: Any, field: str, value: Any, why: str) -> None:
+    old = getattr(obj, field)
+    if old == value:
+        return
+    setattr(obj, field, value)
+    logger.info(
+        "vllm-kunlun default: %s.%s = %r (was %r): %s",
+        type(obj).__name__,
+        field,
+        value,
+        old,
+        why,
+    )
+
+
+def apply_kunlun_defaults(vllm_config: VllmConfig) -> None:
+    parallel = vllm_config.parallel_config
+    if parallel.worker_cls == "auto":
+        _set(parallel, "worker_cls", WORKER_CLS, "CUDA-compat GPU worker")
+
+    cache = vllm_config.cache_config
+    if cache is not None and cache.block_size is None:
+        _set(cache, "block_size", DEFAULT_BLOCK_SIZE, "Triton attention default")
+
+    pass_config = vllm_config.compilation_config.pass_config
+    for name in DISABLED_FUSION_PASSES:
+        if getattr(pass_config, name, False):
+            _set(pass_config, name, False, "fusion pass not runnable on torch 2.5.1")
+
+    if vllm_config.lora_config is not None:
+        raise ValueError(
+            "LoRA is not supported on Kunlun by vllm-kunlun (vLLM's punica kernels are "
+            "not validated on P800). Remove --enable-lora, or merge the adapter into "
+            "the model weights."
+        )

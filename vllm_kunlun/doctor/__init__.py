@@ -1,0 +1,1 @@
+"""Preflight checks: one small function per failure class, one finding each."""

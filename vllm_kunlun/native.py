@@ -1,0 +1,43 @@
+"""The plugin's native ops (``torch.ops.vllm_kunlun.*``, built from csrc/).
+
+The extension is optional at run time: without it, callers get ``None`` from
+``weak_ref_tensor`` support checks and the plugin says once what is missing and how to
+build it.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+
+from vllm.logger import init_logger
+
+logger = init_logger(__name__)
+
+_FIX = (
+    "rebuild the plugin with its extension: VLLM_KUNLUN_BUILD_EXT=1 scripts/setup.sh "
+    "(or pip install --no-build-isolation -e . in the serving environment)"
+)
+
+
+@functools.cache
+def load() -> bool:
+    """Load the extension once; True when ``torch.ops.vllm_kunlun`` ops exist."""
+    try:
+        importlib.import_module("vllm_kunlun._native")
+    except ImportError as exc:
+        logger.warning(
+            "vllm-kunlun: native extension vllm_kunlun._native is not available (%s); "
+            "torch.ops.vllm_kunlun.weak_ref_tensor is missing. Fix: %s",
+            exc,
+            _FIX,
+        )
+        return False
+    return True
+
+
+def status() -> tuple[bool, str]:
+    """(available, one-line explanation) for the doctor."""
+    if load():
+        return True, "torch.ops.vllm_kunlun.weak_ref_tensor loaded"
+    return False, f"vllm_kunlun._native missing; {_FIX}"

@@ -1,0 +1,57 @@
+"""Lazy access to the Kunlun vendor libraries.
+
+Every other module asks here instead of importing a vendor module itself, so the whole
+package imports on a machine without the vendor wheels (CI, CUDA hosts, laptops) and a
+missing or broken vendor library turns into a reason string, not an ImportError deep in
+engine start.
+"""
+
+from __future__ import annotations
+
+import importlib
+from types import ModuleType
+
+VENDOR_MODULES = ("torch_xmlir", "kunlun_ops", "xspeedgate_ops")
+
+
+class VendorUnavailable(RuntimeError):
+    """A vendor module is not importable; the message says which and why."""
+
+
+def load(name: str) -> ModuleType:
+    """Import a vendor module or raise VendorUnavailable with the cause."""
+    if name not in VENDOR_MODULES:
+        raise ValueError(f"{name!r} is not a known vendor module ({VENDOR_MODULES})")
+    try:
+        return importlib.import_module(name)
+    except Exception as exc:  # a broken vendor wheel raises more than ImportError
+        raise VendorUnavailable(
+            f"{name} is not importable ({type(exc).__name__}: {exc})"
+        ) from exc
+
+
+def try_load(name: str) -> tuple[ModuleType | None, str]:
+    """(module, "") when importable, else (None, reason)."""
+    try:
+        return load(name), ""
+    except VendorUnavailable as exc:
+        return None, str(exc)
+
+
+def xmlir_device_count() -> tuple[int, str]:
+    """Kunlun device count as the driver reports it, and where it came from.
+
+    ``torch.xpu.device_count()`` is an Intel stub on Kunlun's torch build and always
+    reports 0; the count to trust is ``torch_xmlir._XMLIRC._xpu_get_devices_number()``.
+    """
+    module, reason = try_load("torch_xmlir")
+    if module is None:
+        return 0, reason
+    try:
+        count = int(module._XMLIRC._xpu_get_devices_number())
+    except Exception as exc:
+        return 0, (
+            "torch_xmlir._XMLIRC._xpu_get_devices_number() failed "
+            f"({type(exc).__name__}: {exc})"
+        )
+    return count, "torch_xmlir._XMLIRC._xpu_get_devices_number()"

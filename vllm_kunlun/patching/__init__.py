@@ -1,0 +1,1 @@
+"""Changes to vLLM / torch behaviour: file patch sets and named runtime patches."""

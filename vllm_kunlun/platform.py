@@ -1,0 +1,207 @@
+"""KunlunPlatform: vLLM's view of a Kunlun P800 host.
+
+Kunlun's torch build runs in CUDA-compatibility mode: the real backend is ``torch.cuda``
+(``cuda:0`` tensors, NCCL-compatible collectives), ``torch.xpu`` is an Intel stub that
+reports 0 devices, and the device count to trust comes from ``torch_xmlir``. So the
+platform speaks ``cuda`` everywhere, yet is out-of-tree (``is_cuda()`` is False) so that
+vLLM's NVIDIA-only paths (``vllm._C`` kernels, FlashAttention, custom all-reduce) stay off.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import TYPE_CHECKING
+
+import torch
+from vllm.logger import init_logger
+from vllm.platforms.interface import Platform, PlatformEnum
+from vllm.v1.attention.backends.registry import AttentionBackendEnum
+
+from vllm_kunlun.device import probe_devices
+from vllm_kunlun.patching.runtime import apply_runtime_fixes
+
+if TYPE_CHECKING:
+    from torch.distributed import PrefixStore, ProcessGroup
+    from vllm.config import VllmConfig
+    from vllm.v1.attention.selector import AttentionSelectorConfig
+
+logger = init_logger(__name__)
+
+# Backends that run without vllm._C on a CUDA-compatible device.
+_SUPPORTED_ATTN_BACKENDS = (AttentionBackendEnum.TRITON_ATTN,)
+# Backends that need NVIDIA-only binaries, and why.
+_REFUSED_ATTN_BACKENDS = {
+    AttentionBackendEnum.FLASH_ATTN: "needs vllm's FlashAttention CUDA binaries",
+    AttentionBackendEnum.FLASH_ATTN_DIFFKV: "needs vllm's FlashAttention CUDA binaries",
+    AttentionBackendEnum.FLASHINFER: "needs the flashinfer CUDA library",
+    AttentionBackendEnum.FLASHINFER_MLA: "needs the flashinfer CUDA library",
+    AttentionBackendEnum.FLASHMLA: "needs vllm._C / FlashMLA CUDA binaries",
+    AttentionBackendEnum.CUTLASS_MLA: "needs vllm._C CUTLASS kernels",
+}
+
+
+class KunlunPlatform(Platform):
+    _enum = PlatformEnum.OOT
+    device_name: str = "cuda"
+    device_type: str = "cuda"
+    dispatch_key: str = "CUDA"
+    ray_device_key: str = "GPU"
+    dist_backend: str = "nccl"
+    device_control_env_var: str = "XPU_VISIBLE_DEVICES"
+    additional_env_vars: list[str] = [
+        "XPU_VISIBLE_DEVICES",
+        "VLLM_KUNLUN_FORCE_PLATFORM",
+        "VLLM_KUNLUN_SAMPLER",
+        "VLLM_KUNLUN_SCHEMA_FIX",
+        "VLLM_KUNLUN_TP_SAMPLE_BROADCAST",
+    ]
+
+    def __init__(self) -> None:
+        # vLLM builds the platform object while it imports its own modules; the schema
+        # fix has to be in place before vllm.distributed registers its custom ops.
+        apply_runtime_fixes()
+        logger.info("vllm-kunlun: KunlunPlatform active (CUDA-compatibility mode)")
+
+    # ---- identity -----------------------------------------------------------------
+    # is_cuda() and is_cuda_alike() stay False (OOT): vLLM's cuda-alike paths assume
+    # NVIDIA/AMD binaries (vllm._C, custom all-reduce).
+    @property
+    def supported_dtypes(self) -> list[torch.dtype]:
+        return [torch.bfloat16, torch.float16, torch.float32]
+
+    # ---- devices ------------------------------------------------------------------
+    @classmethod
+    def device_count(cls) -> int:
+        return probe_devices().count
+
+    @classmethod
+    def get_device_name(cls, device_id: int = 0) -> str:
+        return torch.cuda.get_device_name(device_id)
+
+    @classmethod
+    def get_device_uuid(cls, device_id: int = 0) -> str:
+        props = torch.cuda.get_device_properties(device_id)
+        uuid = getattr(props, "uuid", None)
+        if uuid:
+            return str(uuid)
+        # Kunlun's torch may not expose a uuid: the physical index is unique per host.
+        return f"KUNLUN-{cls.device_id_to_physical_device_id(device_id)}"
+
+    @classmethod
+    def get_device_total_memory(cls, device_id: int = 0) -> int:
+        # The device's own memory (103.1 GB on a P800), never host RAM.
+        return int(torch.cuda.get_device_properties(device_id).total_memory)
+
+    @classmethod
+    def set_device(cls, device: torch.device) -> None:
+        torch.cuda.set_device(device)
+        # Touch the device so its context exists before memory is measured.
+        torch.zeros(1, device=device)
+
+    @classmethod
+    def get_current_memory_usage(cls, device: torch.types.Device | None = None) -> float:
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats(device)
+        return float(torch.cuda.max_memory_allocated(device))
+
+    @classmethod
+    def check_if_supports_dtype(cls, dtype: torch.dtype) -> None:
+        supported = [torch.bfloat16, torch.float16, torch.float32]
+        if dtype not in supported:
+            raise ValueError(
+                f"Kunlun P800 does not run models in {dtype}; use --dtype bfloat16 "
+                "(or float16 / float32)."
+            )
+
+    # ---- distributed --------------------------------------------------------------
+    @classmethod
+    def stateless_init_device_torch_dist_pg(
+        cls,
+        backend: str,
+        prefix_store: PrefixStore,
+        group_rank: int,
+        group_size: int,
+        timeout: timedelta,
+    ) -> ProcessGroup:
+        """A process group outside torch's global state (vLLM's DP / KV-transfer groups).
+
+        ``nccl`` is Kunlun's NCCL-compatible collective library behind torch's
+        ProcessGroupNCCL; ``gloo`` is served by vLLM's own helper.
+        """
+        if str(backend) == "gloo":
+            from vllm.distributed.utils import init_gloo_process_group
+
+            return init_gloo_process_group(prefix_store, group_rank, group_size, timeout)
+        if str(backend) != "nccl":
+            raise ValueError(
+                f"KunlunPlatform supports the nccl and gloo backends, not {backend!r}"
+            )
+        from torch.distributed import ProcessGroup
+        from torch.distributed.distributed_c10d import ProcessGroupNCCL
+
+        if hasattr(ProcessGroup, "Options"):  # torch < 2.6
+            pg = ProcessGroup(
+                prefix_store, group_rank, group_size, ProcessGroup.Options(backend="nccl")
+            )
+        else:
+            pg = ProcessGroup(prefix_store, group_rank, group_size)
+            pg._set_default_backend(ProcessGroup.BackendType.NCCL)
+        options = ProcessGroupNCCL.Options()
+        options._timeout = timeout
+        nccl = ProcessGroupNCCL(prefix_store, group_rank, group_size, options)
+        nccl._set_sequence_number_for_group()
+        pg._register_backend(torch.device("cuda"), ProcessGroup.BackendType.NCCL, nccl)
+        return pg
+
+    @classmethod
+    def get_device_communicator_cls(cls) -> str:
+        # torch.distributed collectives on the device group; vLLM's CudaCommunicator
+        # loads NVIDIA's libnccl through ctypes and custom all-reduce needs vllm._C.
+        return (
+            "vllm.distributed.device_communicators.base_device_communicator."
+            "DeviceCommunicatorBase"
+        )
+
+    # ---- features we decline, loudly --------------------------------------------------
+    @classmethod
+    def get_punica_wrapper(cls) -> str:
+        raise NotImplementedError(
+            "LoRA is not supported on Kunlun by vllm-kunlun: vLLM's punica kernels are "
+            "not validated on P800. Serve without --enable-lora (merge the adapter into "
+            "the weights instead)."
+        )
+
+    # ---- attention ------------------------------------------------------------------
+    @classmethod
+    def get_attn_backend_cls(
+        cls,
+        selected_backend: AttentionBackendEnum | None,
+        attn_selector_config: AttentionSelectorConfig,
+    ) -> str:
+        if attn_selector_config.use_mla:
+            raise ValueError(
+                "vllm-kunlun has no MLA attention backend for Kunlun yet; MLA models "
+                "(DeepSeek-V2/V3 family) cannot be served with this plugin version."
+            )
+        if selected_backend is None:
+            backend = AttentionBackendEnum.TRITON_ATTN
+            logger.info_once("vllm-kunlun: attention backend %s (default)", backend.name)
+            return backend.get_path()
+        if selected_backend in _SUPPORTED_ATTN_BACKENDS:
+            logger.info_once(
+                "vllm-kunlun: attention backend %s (selected)", selected_backend.name
+            )
+            return selected_backend.get_path()
+        reason = _REFUSED_ATTN_BACKENDS.get(selected_backend, "is not validated on Kunlun")
+        raise ValueError(
+            f"Attention backend {selected_backend.name} cannot run on Kunlun: {reason}. "
+            f"Use one of: {', '.join(b.name for b in _SUPPORTED_ATTN_BACKENDS)} "
+            "(or leave --attention-backend unset)."
+        )
+
+    # ---- configuration --------------------------------------------------------------
+    @classmethod
+    def check_and_update_config(cls, vllm_config: VllmConfig) -> None:
+        from vllm_kunlun.config_defaults import apply_kunlun_defaults
+
+        apply_kunlun_defaults(vllm_config)

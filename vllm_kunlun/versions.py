@@ -1,0 +1,105 @@
+"""The validated combination: one table for the README, the doctor and engine guards."""
+
+from __future__ import annotations
+
+import importlib.metadata
+from dataclasses import dataclass
+
+from vllm_kunlun import __version__
+
+
+@dataclass(frozen=True)
+class Component:
+    name: str
+    """Distribution name as pip knows it."""
+    validated: str | None
+    """Exact validated version; None for vendor builds without a public version."""
+    vendor: bool
+    """Vendor wheel (not on PyPI): present on Kunlun hosts only."""
+    install: str
+    """The command that installs the validated version."""
+    note: str = ""
+
+
+VALIDATED: tuple[Component, ...] = (
+    Component(
+        "vllm",
+        "0.15.1",
+        False,
+        "pip install --no-deps vllm==0.15.1",
+        "--no-deps: its metadata pins torch 2.9.1 and transformers<5",
+    ),
+    Component(
+        "torch",
+        "2.5.1",
+        False,
+        "pip install torch==2.5.1 (on Kunlun: the vendor's xpytorch 2.5.1 wheel)",
+    ),
+    Component(
+        "transformers",
+        "5.2.0",
+        False,
+        "pip install --no-deps --force-reinstall transformers==5.2.0",
+        "5.5.x removed Qwen2VLImageProcessor.max_pixels, which vllm 0.15.1 reads",
+    ),
+    Component(
+        "kunlun_ops",
+        "0.1.58",
+        True,
+        "install the vendor wheel kunlun_ops 0.1.58",
+        "matches only the 0.15.1-era plugin API",
+    ),
+    Component("xspeedgate_ops", None, True, "install the vendor wheel xspeedgate_ops"),
+    Component("cocopod", None, True, "install the vendor wheel cocopod"),
+    Component("triton", None, True, "install the vendor triton build"),
+    Component("vllm-kunlun", __version__, False, "pip install --no-build-isolation -e ."),
+)
+
+
+def installed_version(dist: str) -> str | None:
+    try:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def _release(version: str) -> str:
+    """'2.5.1+cu124' -> '2.5.1': local build tags do not change the API."""
+    return version.split("+")[0]
+
+
+@dataclass(frozen=True)
+class VersionCheck:
+    component: Component
+    installed: str | None
+    status: str
+    """'ok', 'mismatch', 'missing' (PyPI stack), 'absent' (vendor, off Kunlun), 'info'."""
+
+    @property
+    def message(self) -> str:
+        c = self.component
+        if self.status == "ok":
+            return f"{c.name} {self.installed}"
+        if self.status == "mismatch":
+            return (
+                f"{c.name} {self.installed} is installed, validated is {c.validated}: "
+                f"{c.install}"
+            )
+        if self.status == "missing":
+            return f"{c.name} is not installed, validated is {c.validated}: {c.install}"
+        if self.status == "absent":
+            return f"{c.name} not installed (vendor wheel, needed on Kunlun hosts only)"
+        return f"{c.name} {self.installed} (vendor build, no pinned version)"
+
+
+def check_component(c: Component, installed: str | None) -> VersionCheck:
+    if installed is None:
+        return VersionCheck(c, None, "absent" if c.vendor else "missing")
+    if c.validated is None:
+        return VersionCheck(c, installed, "info")
+    ok = _release(installed) == c.validated
+    return VersionCheck(c, installed, "ok" if ok else "mismatch")
+
+
+def check_stack() -> list[VersionCheck]:
+    return [check_component(c, installed_version(c.name)) for c in VALIDATED]
