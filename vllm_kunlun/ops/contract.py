@@ -1,0 +1,16 @@
+"""The vendor API contract: every vendor function the plugin calls and the keyword
+arguments it passes.
+
+One manifest, read by the doctor (which compares it with the installed vendor library's
+real signatures: the deployment log's "11 missing ops, 3 keyword mismatches" case) and
+by the tests (which check that the plugin calls nothing that is not declared here).
+Keys: vendor module -> function name -> keyword arguments we pass.
+"""
+
+from __future__ import annotations
+
+VENDOR_CONTRACT: dict[str, dict[str, tuple[str, ...]]] = {
+    "torch_xmlir": {},
+    "kunlun_ops": {},
+    "xspeedgate_ops": {},
+}
