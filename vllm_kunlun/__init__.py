@@ -18,7 +18,7 @@ def register() -> str | None:
     None when no Kunlun device is present, so that installing the plugin into a CUDA
     or CPU image never takes vLLM's own platform away.
     """
-    from vllm.logger import init_logger
+    from vllm_kunlun.logger import init_logger
 
     logger = init_logger(__name__)
     try:
@@ -55,7 +55,7 @@ def register_runtime_fixes() -> None:
 
     Does nothing unless the current platform is one of ours.
     """
-    from vllm.logger import init_logger
+    from vllm_kunlun.logger import init_logger
 
     logger = init_logger(__name__)
     try:

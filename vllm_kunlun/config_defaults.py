@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from vllm.logger import init_logger
+from vllm_kunlun.logger import init_logger
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig

@@ -10,7 +10,7 @@ from __future__ import annotations
 import functools
 import importlib
 
-from vllm.logger import init_logger
+from vllm_kunlun.logger import init_logger
 
 logger = init_logger(__name__)
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from vllm.logger import init_logger
+from vllm_kunlun.logger import init_logger
 
 from vllm_kunlun import envs
 from vllm_kunlun.patching import schema
