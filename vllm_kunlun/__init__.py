@@ -10,6 +10,7 @@ from __future__ import annotations
 __version__ = "0.1.0"
 
 KUNLUN_PLATFORM = "vllm_kunlun.platform.KunlunPlatform"
+EMULATION_PLATFORM = "vllm_kunlun.emulation.KunlunHostEmulationPlatform"
 
 
 def register() -> str | None:
@@ -25,6 +26,9 @@ def register() -> str | None:
         from vllm_kunlun import envs
         from vllm_kunlun.device import probe_devices
 
+        if envs.VLLM_KUNLUN_HOST_EMULATION:
+            logger.debug("vllm-kunlun: host emulation (VLLM_KUNLUN_HOST_EMULATION=1)")
+            return EMULATION_PLATFORM
         probe = probe_devices()
         if probe.count > 0:
             logger.debug(
@@ -61,9 +65,9 @@ def register_runtime_fixes() -> None:
     try:
         from vllm.platforms import current_platform
 
-        from vllm_kunlun.platform import KunlunPlatform
+        from vllm_kunlun.platform import KunlunPlatformBase
 
-        if not isinstance(current_platform, KunlunPlatform):
+        if not isinstance(current_platform, KunlunPlatformBase):
             return
         from vllm_kunlun.patching.runtime import apply_runtime_fixes
 

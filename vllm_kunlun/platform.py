@@ -40,8 +40,34 @@ _REFUSED_ATTN_BACKENDS = {
 }
 
 
-class KunlunPlatform(Platform):
+class KunlunPlatformBase(Platform):
+    """What every vllm-kunlun platform shares: KunlunPlatform and host emulation.
+
+    The runtime fixes go in while vLLM builds the platform object, in every process;
+    ``isinstance(current_platform, KunlunPlatformBase)`` is how the plugin tells that
+    one of its platforms is active.
+    """
+
     _enum = PlatformEnum.OOT
+    _banner: str = "vllm-kunlun platform active"
+
+    def __init__(self) -> None:
+        # vLLM builds the platform object while it imports its own modules; the schema
+        # fix has to be in place before vllm.distributed registers its custom ops.
+        apply_runtime_fixes()
+        logger.info("vllm-kunlun: %s", self._banner)
+
+    @classmethod
+    def get_punica_wrapper(cls) -> str:
+        raise NotImplementedError(
+            "LoRA is not supported on Kunlun by vllm-kunlun: vLLM's punica kernels are "
+            "not validated on P800. Serve without --enable-lora (merge the adapter into "
+            "the weights instead)."
+        )
+
+
+class KunlunPlatform(KunlunPlatformBase):
+    _banner = "KunlunPlatform active (CUDA-compatibility mode)"
     device_name: str = "cuda"
     device_type: str = "cuda"
     dispatch_key: str = "CUDA"
@@ -55,12 +81,6 @@ class KunlunPlatform(Platform):
         "VLLM_KUNLUN_SCHEMA_FIX",
         "VLLM_KUNLUN_TP_SAMPLE_BROADCAST",
     ]
-
-    def __init__(self) -> None:
-        # vLLM builds the platform object while it imports its own modules; the schema
-        # fix has to be in place before vllm.distributed registers its custom ops.
-        apply_runtime_fixes()
-        logger.info("vllm-kunlun: KunlunPlatform active (CUDA-compatibility mode)")
 
     # ---- identity -----------------------------------------------------------------
     # is_cuda() and is_cuda_alike() stay False (OOT): vLLM's cuda-alike paths assume
@@ -162,15 +182,6 @@ class KunlunPlatform(Platform):
             "DeviceCommunicatorBase"
         )
 
-    # ---- features we decline, loudly --------------------------------------------------
-    @classmethod
-    def get_punica_wrapper(cls) -> str:
-        raise NotImplementedError(
-            "LoRA is not supported on Kunlun by vllm-kunlun: vLLM's punica kernels are "
-            "not validated on P800. Serve without --enable-lora (merge the adapter into "
-            "the weights instead)."
-        )
-
     # ---- attention ------------------------------------------------------------------
     @classmethod
     def get_attn_backend_cls(
@@ -187,6 +198,10 @@ class KunlunPlatform(Platform):
             backend = AttentionBackendEnum.TRITON_ATTN
             logger.info_once("vllm-kunlun: attention backend %s (default)", backend.name)
             return backend.get_path()
+        if selected_backend == AttentionBackendEnum.CUSTOM:
+            from vllm_kunlun.attention import select_portable
+
+            return select_portable(attn_selector_config)
         if selected_backend in _SUPPORTED_ATTN_BACKENDS:
             logger.info_once(
                 "vllm-kunlun: attention backend %s (selected)", selected_backend.name
@@ -195,8 +210,9 @@ class KunlunPlatform(Platform):
         reason = _REFUSED_ATTN_BACKENDS.get(selected_backend, "is not validated on Kunlun")
         raise ValueError(
             f"Attention backend {selected_backend.name} cannot run on Kunlun: {reason}. "
-            f"Use one of: {', '.join(b.name for b in _SUPPORTED_ATTN_BACKENDS)} "
-            "(or leave --attention-backend unset)."
+            f"Use one of: {', '.join(b.name for b in _SUPPORTED_ATTN_BACKENDS)}, "
+            "CUSTOM (the plugin's portable torch backend), or leave "
+            "--attention-backend unset."
         )
 
     # ---- configuration --------------------------------------------------------------

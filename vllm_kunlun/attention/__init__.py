@@ -1,0 +1,84 @@
+"""The plugin's portable paged-attention backend (plain torch, any device).
+
+vLLM 0.15.1 selects out-of-tree attention backends by one name, ``CUSTOM``
+(``--attention-backend CUSTOM``), whose class path is looked up in a per-process
+override table. ``register()`` fills that entry with our backend; the plugin's platforms
+call it in every process, so the name resolves in the engine core and in each worker.
+Importing this package stays cheap: the backend module is loaded by vLLM on use.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+PORTABLE_BACKEND_PATH = "vllm_kunlun.attention.backend.PortableAttentionBackend"
+SELECTOR_NAME = "CUSTOM"
+
+
+def register() -> str:
+    """Point ``AttentionBackendEnum.CUSTOM`` at the portable backend; returns the path
+    CUSTOM resolves to.
+
+    Idempotent. A CUSTOM backend registered by someone else is kept (with a warning
+    naming it): the single CUSTOM slot is theirs to fill.
+    """
+    from vllm.v1.attention.backends.registry import (
+        AttentionBackendEnum,
+        register_backend,
+    )
+
+    from vllm_kunlun.logger import init_logger
+
+    custom = AttentionBackendEnum.CUSTOM
+    if custom.is_overridden():
+        current = custom.get_path()
+        if current != PORTABLE_BACKEND_PATH:
+            init_logger(__name__).warning_once(
+                "vllm-kunlun: attention backend CUSTOM is already registered as %s; "
+                "keeping it (the portable backend is %s)",
+                current,
+                PORTABLE_BACKEND_PATH,
+            )
+        return current
+    register_backend(custom, PORTABLE_BACKEND_PATH)
+    return PORTABLE_BACKEND_PATH
+
+
+def select_portable(attn_selector_config: Any) -> str:
+    """The class path for ``--attention-backend CUSTOM`` (or host emulation's default).
+
+    Registers the portable backend, then checks the layer against it so that what it
+    does not support (sinks, encoder attention, fp8 KV cache, ...) fails at model build
+    with the reasons instead of deep inside a forward pass.
+    """
+    from vllm.utils.import_utils import resolve_obj_by_qualname
+
+    from vllm_kunlun.logger import init_logger
+
+    path = register()
+    if path != PORTABLE_BACKEND_PATH:
+        return path  # someone else's CUSTOM backend, chosen explicitly
+    backend = resolve_obj_by_qualname(path)
+    c = attn_selector_config
+    reasons = backend.validate_configuration(
+        head_size=c.head_size,
+        dtype=c.dtype,
+        kv_cache_dtype=c.kv_cache_dtype,
+        block_size=c.block_size,
+        use_mla=c.use_mla,
+        has_sink=c.has_sink,
+        use_sparse=c.use_sparse,
+        use_mm_prefix=c.use_mm_prefix,
+        device_capability=None,
+        attn_type=c.attn_type,
+    )
+    if reasons:
+        raise ValueError(
+            "The vllm-kunlun portable attention backend (CUSTOM) cannot serve this "
+            f"layer: {', '.join(reasons)} ({c!r}). It handles decoder-only causal "
+            "attention with GQA, kv_cache_dtype auto, float16/bfloat16/float32."
+        )
+    init_logger(__name__).info_once(
+        "vllm-kunlun: attention backend CUSTOM = portable paged attention (torch)"
+    )
+    return path

@@ -1,0 +1,155 @@
+"""Paged attention in plain torch: cache write by slot mapping, causal GQA over pages.
+
+Why: a backend that runs on any torch device (the host CPU in emulation, a
+CUDA-compatible card as an explicit choice) needs a reference implementation of vLLM's
+paged KV cache semantics with no compiled kernels. It is also the oracle the tests use.
+
+Layout (the same as vLLM's Triton backend, the default on Kunlun):
+``kv_cache[num_blocks, 2, block_size, num_kv_heads, head_size]``; 0 keys, 1 values.
+Token ``i`` of a request lives at slot ``block_table[r, i // block_size] * block_size +
+i % block_size``.
+
+A step's requests are split into groups (decodes, then prefills / chunked prefills, as
+vLLM orders them); each group is padded to its longest query and longest context, so the
+memory is ``requests x max_query x max_context`` per group. Index tensors are planned
+once per step (``plan``) and reused by every layer; the per-layer work never moves data
+to the host.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class GroupPlan:
+    """Index tensors for one padded group of requests (all on the compute device)."""
+
+    q_index: torch.Tensor
+    """[R, Q] token row of each (request, query position); padding: the dummy row."""
+    kv_block: torch.Tensor
+    """[R, L] physical block of each context position (0 for padding)."""
+    kv_offset: torch.Tensor
+    """[R, L] offset inside the block."""
+    mask: torch.Tensor
+    """[R, Q, L] True where the query may attend to the key (causal, in range)."""
+
+
+@dataclass
+class AttentionPlan:
+    num_actual_tokens: int
+    slot_mapping: torch.Tensor
+    """[num_actual_tokens] cache slot of each new token (negative: do not write)."""
+    groups: list[GroupPlan]
+
+
+def plan_group(
+    query_start_loc: torch.Tensor,
+    seq_lens: torch.Tensor,
+    block_table: torch.Tensor,
+    max_query_len: int,
+    max_seq_len: int,
+    block_size: int,
+    dummy_row: int,
+) -> GroupPlan:
+    """Index tensors for requests whose tokens are ``query_start_loc[r]:[r+1]``.
+
+    ``query_start_loc`` ([R+1]), ``seq_lens`` ([R], context + new tokens) and
+    ``block_table`` ([R, max_blocks]) are on the compute device; the two maxima are host
+    integers (upper bounds are fine), so planning never synchronises with the device.
+    """
+    device = seq_lens.device
+    starts = query_start_loc[:-1].long()
+    query_lens = query_start_loc[1:].long() - starts
+    context_lens = seq_lens.long() - query_lens
+
+    q_pos = torch.arange(max_query_len, device=device)
+    q_valid = q_pos[None, :] < query_lens[:, None]
+    q_index = torch.where(q_valid, starts[:, None] + q_pos[None, :], dummy_row)
+
+    kv_pos = torch.arange(max_seq_len, device=device)
+    block_col = (kv_pos // block_size).clamp(max=block_table.shape[1] - 1)
+    kv_block = block_table.long()[:, block_col].clamp(min=0)
+    kv_offset = (kv_pos % block_size).expand_as(kv_block)
+
+    abs_q_pos = context_lens[:, None] + q_pos[None, :]  # [R, Q]
+    mask = (kv_pos[None, None, :] <= abs_q_pos[:, :, None]) & (
+        kv_pos[None, None, :] < seq_lens.long()[:, None, None]
+    )
+    # Padded query rows attend to everything: no all-masked softmax row (NaN); their
+    # results go to the dummy row and are dropped.
+    mask |= ~q_valid[:, :, None]
+    return GroupPlan(q_index=q_index, kv_block=kv_block, kv_offset=kv_offset, mask=mask)
+
+
+def write_kv_cache(
+    key: torch.Tensor,
+    value: torch.Tensor,
+    kv_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+) -> None:
+    """Store new keys/values ([T, num_kv_heads, head_size]) at their slots."""
+    n = slot_mapping.shape[0]
+    block_size = kv_cache.shape[2]
+    slots = slot_mapping.long()
+    valid = slots >= 0
+    slots = slots[valid]
+    blocks = slots // block_size
+    offsets = slots % block_size
+    kv_cache[blocks, 0, offsets] = key[:n][valid].to(kv_cache.dtype)
+    kv_cache[blocks, 1, offsets] = value[:n][valid].to(kv_cache.dtype)
+
+
+def attend_group(
+    query: torch.Tensor,
+    kv_cache: torch.Tensor,
+    group: GroupPlan,
+    scale: float,
+    logits_soft_cap: float | None = None,
+) -> torch.Tensor:
+    """Attention for one group: returns [R, Q, num_heads, head_size] in float32.
+
+    ``query`` is [T + 1, num_heads, head_size] (the extra row is the dummy row).
+    """
+    num_kv_heads, head_size = kv_cache.shape[3], kv_cache.shape[4]
+    q = query[group.q_index].float()  # [R, Q, H, D]
+    r, nq_len, num_heads, _ = q.shape
+    q = q.view(r, nq_len, num_kv_heads, num_heads // num_kv_heads, head_size)
+    k = kv_cache[group.kv_block, 0, group.kv_offset].float()  # [R, L, KH, D]
+    v = kv_cache[group.kv_block, 1, group.kv_offset].float()
+    scores = torch.einsum("rqkgd,rlkd->rkgql", q, k) * scale
+    if logits_soft_cap:
+        scores = logits_soft_cap * torch.tanh(scores / logits_soft_cap)
+    scores = scores.masked_fill(~group.mask[:, None, None], float("-inf"))
+    probs = torch.softmax(scores, dim=-1)
+    out = torch.einsum("rkgql,rlkd->rqkgd", probs, v)
+    return out.reshape(r, nq_len, num_heads, head_size)
+
+
+def paged_attention(
+    query: torch.Tensor,
+    kv_cache: torch.Tensor,
+    plan: AttentionPlan,
+    output: torch.Tensor,
+    scale: float,
+    logits_soft_cap: float | None = None,
+) -> torch.Tensor:
+    """Fill ``output[:num_actual_tokens]`` ([T, num_heads, head_size]) and return it."""
+    n = plan.num_actual_tokens
+    num_heads, head_size = query.shape[1], query.shape[2]
+    # One extra row: padded query positions read from and write to it.
+    padded_q = torch.cat([query[:n], query.new_zeros(1, num_heads, head_size)])
+    result = torch.zeros(
+        n + 1, num_heads, head_size, dtype=output.dtype, device=output.device
+    )
+    for group in plan.groups:
+        out = attend_group(padded_q, kv_cache, group, scale, logits_soft_cap)
+        result.index_copy_(
+            0,
+            group.q_index.reshape(-1),
+            out.reshape(-1, num_heads, head_size).to(result.dtype),
+        )
+    output[:n] = result[:n]
+    return output

@@ -1,0 +1,164 @@
+"""KunlunHostEmulationPlatform: the plugin's code paths on the host CPU.
+
+Why: there is no Kunlun card in CI or on a developer laptop, yet the plugin's engine
+integration (platform hooks, runtime fixes, the sampler patch, the engine-start guards,
+the portable attention backend) must be proven on every change. This platform runs
+vLLM's V1 engine on the CPU through the same out-of-tree plugin route as KunlunPlatform,
+without ``vllm._C`` (which cannot load on torch 2.5.1).
+
+It is activated only by ``VLLM_KUNLUN_HOST_EMULATION=1`` and says so loudly: it is not a
+Kunlun device and its speed means nothing for one.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import TYPE_CHECKING
+
+import torch
+from vllm.v1.attention.backends.registry import AttentionBackendEnum
+
+from vllm_kunlun import envs
+from vllm_kunlun.logger import init_logger
+from vllm_kunlun.platform import KunlunPlatformBase
+
+if TYPE_CHECKING:
+    from torch.distributed import PrefixStore, ProcessGroup
+    from vllm.config import VllmConfig
+    from vllm.v1.attention.selector import AttentionSelectorConfig
+
+logger = init_logger(__name__)
+
+EMULATION_PLATFORM = "vllm_kunlun.emulation.KunlunHostEmulationPlatform"
+
+# Backends vLLM offers that cannot run here, and why.
+_REFUSED_ATTN_BACKENDS = {
+    AttentionBackendEnum.CPU_ATTN: "needs vllm._C CPU kernels, which do not load on "
+    "torch 2.5.1",
+    AttentionBackendEnum.TRITON_ATTN: "needs a GPU for its Triton kernels",
+    AttentionBackendEnum.FLEX_ATTENTION: "is not validated in host emulation",
+}
+
+
+class KunlunHostEmulationPlatform(KunlunPlatformBase):
+    _banner = (
+        "HOST EMULATION active (VLLM_KUNLUN_HOST_EMULATION=1): the plugin runs on the "
+        "host CPU; this is NOT a Kunlun device and its speed says nothing about one"
+    )
+    device_name: str = "cpu"
+    device_type: str = "cpu"
+    dispatch_key: str = "CPU"
+    ray_device_key: str = "CPU"
+    dist_backend: str = "gloo"
+    device_control_env_var: str = "CPU_VISIBLE_MEMORY_NODES"
+    additional_env_vars: list[str] = [
+        "VLLM_KUNLUN_HOST_EMULATION",
+        "VLLM_KUNLUN_EMULATION_KV_CACHE_GIB",
+        "VLLM_KUNLUN_SAMPLER",
+        "VLLM_KUNLUN_SCHEMA_FIX",
+        "VLLM_KUNLUN_TP_SAMPLE_BROADCAST",
+    ]
+
+    @property
+    def supported_dtypes(self) -> list[torch.dtype]:
+        return [torch.bfloat16, torch.float16, torch.float32]
+
+    # ---- device ---------------------------------------------------------------------
+    @classmethod
+    def device_count(cls) -> int:
+        return 1
+
+    @classmethod
+    def get_device_name(cls, device_id: int = 0) -> str:
+        return "vllm-kunlun host emulation (cpu)"
+
+    @classmethod
+    def get_device_uuid(cls, device_id: int = 0) -> str:
+        return f"KUNLUN-EMULATION-{device_id}"
+
+    @classmethod
+    def get_device_total_memory(cls, device_id: int = 0) -> int:
+        # The KV cache budget, not the host RAM (vLLM's CPU default is half of it).
+        return int(envs.VLLM_KUNLUN_EMULATION_KV_CACHE_GIB * (1 << 30))
+
+    @classmethod
+    def set_device(cls, device: torch.device) -> None:
+        return None
+
+    @classmethod
+    def inference_mode(cls) -> torch.no_grad:
+        return torch.no_grad()
+
+    @classmethod
+    def is_pin_memory_available(cls) -> bool:
+        return False
+
+    @classmethod
+    def check_if_supports_dtype(cls, dtype: torch.dtype) -> None:
+        if dtype not in (torch.bfloat16, torch.float16, torch.float32):
+            raise ValueError(
+                f"Host emulation does not run models in {dtype}; use --dtype float32 "
+                "(or bfloat16 / float16)."
+            )
+
+    # ---- distributed ----------------------------------------------------------------
+    @classmethod
+    def get_device_communicator_cls(cls) -> str:
+        # The same torch.distributed path as KunlunPlatform, over gloo.
+        return (
+            "vllm.distributed.device_communicators.base_device_communicator."
+            "DeviceCommunicatorBase"
+        )
+
+    @classmethod
+    def stateless_init_device_torch_dist_pg(
+        cls,
+        backend: str,
+        prefix_store: PrefixStore,
+        group_rank: int,
+        group_size: int,
+        timeout: timedelta,
+    ) -> ProcessGroup:
+        if str(backend) != "gloo":
+            raise ValueError(
+                f"Host emulation supports the gloo backend, not {backend!r}"
+            )
+        from vllm.distributed.utils import init_gloo_process_group
+
+        return init_gloo_process_group(prefix_store, group_rank, group_size, timeout)
+
+    # ---- attention ------------------------------------------------------------------
+    @classmethod
+    def get_attn_backend_cls(
+        cls,
+        selected_backend: AttentionBackendEnum | None,
+        attn_selector_config: AttentionSelectorConfig,
+    ) -> str:
+        if attn_selector_config.use_mla:
+            raise ValueError(
+                "Host emulation has no MLA attention backend; MLA models "
+                "(DeepSeek-V2/V3 family) cannot run in vllm-kunlun host emulation."
+            )
+        if selected_backend in (None, AttentionBackendEnum.CUSTOM):
+            from vllm_kunlun.attention import select_portable
+
+            return select_portable(attn_selector_config)
+        reason = _REFUSED_ATTN_BACKENDS.get(
+            selected_backend, "is not available in host emulation"
+        )
+        raise ValueError(
+            f"Attention backend {selected_backend.name} cannot run in vllm-kunlun host "
+            f"emulation: it {reason}. Use CUSTOM (the plugin's portable torch backend) "
+            "or leave --attention-backend unset."
+        )
+
+    # ---- configuration --------------------------------------------------------------
+    @classmethod
+    def check_and_update_config(cls, vllm_config: VllmConfig) -> None:
+        from vllm_kunlun.config_defaults import apply_kunlun_defaults
+        from vllm_kunlun.emulation_defaults import apply_emulation_defaults
+
+        apply_emulation_defaults(vllm_config)
+        # Then the same defaults as on Kunlun (fusion passes off, LoRA refused, ...);
+        # the worker class is already set, so theirs does not apply.
+        apply_kunlun_defaults(vllm_config)

@@ -1,0 +1,103 @@
+"""Engine settings host emulation needs, each one a measured fact about vLLM 0.15.1.
+
+Set in ``KunlunHostEmulationPlatform.check_and_update_config``, each logged once with
+its reason, so that the emulation log says exactly what differs from a default engine.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import TYPE_CHECKING
+
+from vllm_kunlun import envs
+from vllm_kunlun.config_defaults import _set
+from vllm_kunlun.logger import init_logger
+
+if TYPE_CHECKING:
+    from vllm.config import VllmConfig
+
+logger = init_logger(__name__)
+
+WORKER_CLS = "vllm.v1.worker.cpu_worker.CPUWorker"
+BLOCK_SIZE = 16
+
+
+def _set_env(name: str, value: str, why: str) -> None:
+    old = os.environ.get(name)
+    if old == value:
+        return
+    os.environ[name] = value
+    logger.info("vllm-kunlun emulation: %s=%s (was %r): %s", name, value, old, why)
+
+
+def apply_emulation_defaults(vllm_config: VllmConfig) -> None:
+    from vllm.config import CompilationMode, CUDAGraphMode
+
+    device = vllm_config.device_config.device_type
+    if device != "cpu":
+        raise ValueError(
+            "Host emulation runs on the CPU, but the engine asked for device "
+            f"{device!r}. Unset --device (or unset VLLM_KUNLUN_HOST_EMULATION to use "
+            "a real device)."
+        )
+
+    parallel = vllm_config.parallel_config
+    if parallel.worker_cls == "auto":
+        _set(parallel, "worker_cls", WORKER_CLS, "vLLM's CPU worker and model runner")
+
+    cache = vllm_config.cache_config
+    if cache.block_size is None:
+        _set(cache, "block_size", BLOCK_SIZE, "portable attention backend default")
+    # CPUWorker reports this as the memory available for the KV cache; vLLM's own CPU
+    # default is half the host RAM.
+    kv_bytes = int(envs.VLLM_KUNLUN_EMULATION_KV_CACHE_GIB * (1 << 30))
+    _set(
+        cache, "cpu_kvcache_space_bytes", kv_bytes, "VLLM_KUNLUN_EMULATION_KV_CACHE_GIB"
+    )
+
+    if vllm_config.model_config is not None:
+        _set(
+            vllm_config.model_config,
+            "disable_cascade_attn",
+            True,
+            "the portable backend has no cascade attention",
+        )
+
+    scheduler = vllm_config.scheduler_config
+    _set(
+        scheduler,
+        "async_scheduling",
+        False,
+        "the CPU model runner has no asynchronous output copy",
+    )
+
+    compilation = vllm_config.compilation_config
+    if compilation.mode != CompilationMode.NONE:
+        _set(
+            compilation,
+            "mode",
+            CompilationMode.NONE,
+            "eager model: the engine starts in seconds and needs no torch.compile "
+            "support from torch 2.5.1",
+        )
+    _set(compilation, "cudagraph_mode", CUDAGraphMode.NONE, "no graphs on the CPU")
+    _set(compilation, "cudagraph_capture_sizes", [], "no graphs on the CPU")
+    if compilation.custom_ops != ["none"]:
+        _set(
+            compilation,
+            "custom_ops",
+            ["none"],
+            "every CustomOp takes its torch-native path (vllm._C kernels, e.g. rotary "
+            "embedding, are not available)",
+        )
+
+    _set_env(
+        "VLLM_CPU_OMP_THREADS_BIND",
+        "nobind",
+        "thread binding calls torch.ops._C_utils.init_cpu_threads_env (vllm._C)",
+    )
+    _set_env(
+        "VLLM_WORKER_MULTIPROC_METHOD",
+        "spawn",
+        "workers must not fork a process that already runs torch threads",
+    )

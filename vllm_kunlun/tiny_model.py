@@ -1,0 +1,244 @@
+"""A deterministic tiny Qwen3 checkpoint with an offline tokenizer, built locally.
+
+Why: the end-to-end tests, the demo and the throughput benchmark need a real model that
+vLLM loads through its normal path (config.json, safetensors, a Hugging Face tokenizer)
+without a download. The weights come from a fixed seed, so every machine builds the
+same bytes; the embeddings are UNTIED (a tied tiny model tends to repeat its last token,
+which would make greedy-equality tests weak); the weight scales give clear logit margins
+so greedy decoding does not hinge on rounding.
+
+Only torch, safetensors and tokenizers are needed (no vLLM, no transformers).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+SEED = 20260815
+FORMAT_VERSION = 1
+MARKER = "vllm-kunlun-tiny.json"
+
+# The tokenizer's vocabulary: special tokens, then a fixed word list. Order is the id.
+SPECIAL_TOKENS = ("<|endoftext|>", "<unk>", "<pad>")
+_WORD_TEXT = """
+the a an and or but if then when while of to in on at by for with from into over
+under about after before between through during without within is are was were be
+been being has have had do does did can could will would shall should may might must
+i you he she it we they me him her us them my your his its our their this that these
+those here there what which who whom whose where why how all any both each few more
+most other some such no not only own same so than too very just now also again once
+kunlun vllm engine token model cache block page layer head query key value attention
+sample seed batch prefix chunk decode prefill device host kernel memory tensor stream
+quick brown fox jumps lazy dog red green blue yellow black white small large tiny long
+short fast slow early late old new good bad first last next one two three four five
+six seven eight nine ten hundred thousand day night morning evening river mountain sea
+city road house tree stone fire water wind light sound time year world people hand
+eye word story song dream
+. , ; : ! ? ' " ( ) - 0 1 2 3 4 5 6 7 8 9
+"""
+
+
+@dataclass(frozen=True)
+class TinyQwen3Spec:
+    """Shape of the tiny model; defaults keep a CPU forward pass in the milliseconds."""
+
+    num_hidden_layers: int = 2
+    hidden_size: int = 64
+    intermediate_size: int = 128
+    num_attention_heads: int = 4
+    num_key_value_heads: int = 2  # GQA: two query heads per KV head
+    head_dim: int = 32
+    max_position_embeddings: int = 2048
+    rope_theta: float = 10000.0
+    rms_norm_eps: float = 1e-6
+
+
+def vocabulary() -> list[str]:
+    """Token strings in id order (duplicates removed, first occurrence wins)."""
+    seen: dict[str, None] = {}
+    for tok in (*SPECIAL_TOKENS, *_WORD_TEXT.split()):
+        seen.setdefault(tok, None)
+    return list(seen)
+
+
+def _config(spec: TinyQwen3Spec, vocab_size: int) -> dict:
+    return {
+        "architectures": ["Qwen3ForCausalLM"],
+        "model_type": "qwen3",
+        "vocab_size": vocab_size,
+        "hidden_size": spec.hidden_size,
+        "intermediate_size": spec.intermediate_size,
+        "num_hidden_layers": spec.num_hidden_layers,
+        "num_attention_heads": spec.num_attention_heads,
+        "num_key_value_heads": spec.num_key_value_heads,
+        "head_dim": spec.head_dim,
+        "hidden_act": "silu",
+        "max_position_embeddings": spec.max_position_embeddings,
+        "rms_norm_eps": spec.rms_norm_eps,
+        "rope_theta": spec.rope_theta,
+        "rope_scaling": None,
+        "attention_bias": False,
+        "attention_dropout": 0.0,
+        "use_sliding_window": False,
+        "sliding_window": None,
+        "max_window_layers": spec.num_hidden_layers,
+        "tie_word_embeddings": False,
+        "bos_token_id": 0,
+        "eos_token_id": 0,
+        "pad_token_id": 2,
+        "torch_dtype": "float32",
+        "use_cache": True,
+        "vllm_kunlun_tiny": {"seed": SEED, "format": FORMAT_VERSION, **asdict(spec)},
+    }
+
+
+def _weights(spec: TinyQwen3Spec, vocab_size: int) -> dict:
+    import torch
+
+    gen = torch.Generator().manual_seed(SEED)
+
+    def normal(*shape: int, std: float) -> torch.Tensor:
+        return torch.randn(*shape, generator=gen, dtype=torch.float32) * std
+
+    def norm_weight(n: int) -> torch.Tensor:
+        return 1.0 + normal(n, std=0.1)
+
+    h, inter, hd = spec.hidden_size, spec.intermediate_size, spec.head_dim
+    nq, nkv = spec.num_attention_heads, spec.num_key_value_heads
+    w: dict[str, torch.Tensor] = {
+        "model.embed_tokens.weight": normal(vocab_size, h, std=1.0)
+    }
+    for i in range(spec.num_hidden_layers):
+        p = f"model.layers.{i}."
+        w[p + "input_layernorm.weight"] = norm_weight(h)
+        w[p + "self_attn.q_proj.weight"] = normal(nq * hd, h, std=1.0 / math.sqrt(h))
+        w[p + "self_attn.k_proj.weight"] = normal(nkv * hd, h, std=1.0 / math.sqrt(h))
+        w[p + "self_attn.v_proj.weight"] = normal(nkv * hd, h, std=1.0 / math.sqrt(h))
+        w[p + "self_attn.o_proj.weight"] = normal(
+            h, nq * hd, std=1.0 / math.sqrt(nq * hd)
+        )
+        # q/k norms with a gain > 1 sharpen attention, so positions matter.
+        w[p + "self_attn.q_norm.weight"] = 2.0 + normal(hd, std=0.1)
+        w[p + "self_attn.k_norm.weight"] = 2.0 + normal(hd, std=0.1)
+        w[p + "post_attention_layernorm.weight"] = norm_weight(h)
+        w[p + "mlp.gate_proj.weight"] = normal(inter, h, std=1.0 / math.sqrt(h))
+        w[p + "mlp.up_proj.weight"] = normal(inter, h, std=1.0 / math.sqrt(h))
+        w[p + "mlp.down_proj.weight"] = normal(h, inter, std=1.0 / math.sqrt(inter))
+    w["model.norm.weight"] = norm_weight(h)
+    # A wide lm_head spreads the logits (std ~3): clear greedy margins, varied output.
+    w["lm_head.weight"] = normal(vocab_size, h, std=3.0 / math.sqrt(h))
+    return w
+
+
+def _tokenizer_json(vocab: list[str]) -> str:
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
+    tok = Tokenizer(
+        models.WordLevel(vocab={t: i for i, t in enumerate(vocab)}, unk_token="<unk>")
+    )
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok.decoder = decoders.WordPiece(prefix="##", cleanup=False)
+    tok.add_special_tokens(list(SPECIAL_TOKENS))
+    return tok.to_str(pretty=True)
+
+
+def _tokenizer_config() -> dict:
+    return {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "bos_token": "<|endoftext|>",
+        "eos_token": "<|endoftext|>",
+        "unk_token": "<unk>",
+        "pad_token": "<pad>",
+        "model_max_length": 2048,
+        "clean_up_tokenization_spaces": False,
+    }
+
+
+def _write_atomic(path: Path, data: bytes) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_bytes(data)
+    os.replace(tmp, path)
+
+
+def write_tiny_model(
+    directory: str | os.PathLike[str], spec: TinyQwen3Spec | None = None
+) -> Path:
+    """Write the checkpoint and tokenizer into ``directory`` (created if needed).
+
+    Same spec -> same bytes on every machine with the same torch. The marker file is
+    written last, so a directory with the marker is complete.
+    """
+    from safetensors.torch import save
+
+    spec = spec or TinyQwen3Spec()
+    out = Path(directory)
+    out.mkdir(parents=True, exist_ok=True)
+    vocab = vocabulary()
+
+    def dump(obj: dict) -> bytes:
+        return (json.dumps(obj, indent=2, sort_keys=True) + "\n").encode()
+
+    _write_atomic(out / "config.json", dump(_config(spec, len(vocab))))
+    _write_atomic(
+        out / "model.safetensors",
+        save(_weights(spec, len(vocab)), metadata={"format": "pt"}),
+    )
+    _write_atomic(out / "tokenizer.json", _tokenizer_json(vocab).encode())
+    _write_atomic(out / "tokenizer_config.json", dump(_tokenizer_config()))
+    _write_atomic(
+        out / "special_tokens_map.json",
+        dump({k: v for k, v in _tokenizer_config().items() if k.endswith("_token")}),
+    )
+    _write_atomic(
+        out / MARKER, dump({"seed": SEED, "format": FORMAT_VERSION, **asdict(spec)})
+    )
+    return out
+
+
+def is_tiny_model(
+    directory: str | os.PathLike[str], spec: TinyQwen3Spec | None = None
+) -> bool:
+    """True when ``directory`` holds a complete tiny model of this spec and format."""
+    marker = Path(directory) / MARKER
+    try:
+        found = json.loads(marker.read_text())
+    except (OSError, ValueError):
+        return False
+    spec = spec or TinyQwen3Spec()
+    return found == {"seed": SEED, "format": FORMAT_VERSION, **asdict(spec)}
+
+
+def ensure_tiny_model(
+    directory: str | os.PathLike[str], spec: TinyQwen3Spec | None = None
+) -> Path:
+    """Build the model into ``directory`` unless a complete one of this spec is in it."""
+    if not is_tiny_model(directory, spec):
+        write_tiny_model(directory, spec)
+    return Path(directory)
+
+
+def default_cache_dir() -> Path:
+    """``$XDG_CACHE_HOME/vllm-kunlun/tiny-qwen3`` (``~/.cache`` when unset)."""
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(
+        os.path.expanduser("~"), ".cache"
+    )
+    return Path(base) / "vllm-kunlun" / f"tiny-qwen3-v{FORMAT_VERSION}"
+
+
+def checksum(directory: str | os.PathLike[str]) -> str:
+    """sha256 over the model files (for reproducibility checks and reports)."""
+    h = hashlib.sha256()
+    for name in (
+        "config.json",
+        "model.safetensors",
+        "tokenizer.json",
+        "tokenizer_config.json",
+    ):
+        h.update(name.encode())
+        h.update((Path(directory) / name).read_bytes())
+    return h.hexdigest()
