@@ -19,6 +19,16 @@ class Component:
     install: str
     """The command that installs the validated version."""
     note: str = ""
+    known_broken: str = ""
+    """PEP 440 specifier of releases known to break the stack (refused at engine
+    start, not just warned about); empty when none is known."""
+
+    def is_known_broken(self, installed: str) -> bool:
+        from packaging.specifiers import SpecifierSet
+
+        return bool(self.known_broken) and _release(installed) in SpecifierSet(
+            self.known_broken
+        )
 
 
 VALIDATED: tuple[Component, ...] = (
@@ -41,6 +51,7 @@ VALIDATED: tuple[Component, ...] = (
         False,
         "pip install --no-deps --force-reinstall transformers==5.2.0",
         "5.5.x removed Qwen2VLImageProcessor.max_pixels, which vllm 0.15.1 reads",
+        known_broken=">=5.5",
     ),
     Component(
         "kunlun_ops",
@@ -52,7 +63,9 @@ VALIDATED: tuple[Component, ...] = (
     Component("xspeedgate_ops", None, True, "install the vendor wheel xspeedgate_ops"),
     Component("cocopod", None, True, "install the vendor wheel cocopod"),
     Component("triton", None, True, "install the vendor triton build"),
-    Component("vllm-kunlun", __version__, False, "pip install --no-build-isolation -e ."),
+    Component(
+        "vllm-kunlun", __version__, False, "pip install --no-build-isolation -e ."
+    ),
 )
 
 

@@ -3,21 +3,59 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from typing import Any
 
 
 def add_parser(sub: Any) -> None:
-    p = sub.add_parser("doctor", help="preflight checks: what is wrong and the fix")
-    p.add_argument("--model", help="model directory the engine will load")
-    p.add_argument("--tensor-parallel-size", type=int, default=1)
-    p.add_argument("--max-num-seqs", type=int, default=256)
-    p.add_argument("--gpu-memory-utilization", type=float, default=0.9)
+    p = sub.add_parser(
+        "doctor",
+        help="preflight checks: what is wrong and the fix",
+        description="Preflight checks for a Kunlun deployment. Exit code 1 when any "
+        "check fails. See docs/doctor.md.",
+    )
+    p.add_argument("--model", help="model directory (or Hub id) the engine will load")
+    p.add_argument("--tensor-parallel-size", type=_positive_int, default=1)
+    p.add_argument("--max-num-seqs", type=_positive_int, default=256)
+    p.add_argument("--gpu-memory-utilization", type=_fraction, default=0.9)
+    p.add_argument(
+        "--device-memory-gib",
+        type=float,
+        help="memory of one card (default: torch.cuda's, else a P800's 96 GiB)",
+    )
+    p.add_argument(
+        "--reserve-gib",
+        type=float,
+        help="runtime reserve beside the KV cache for the budget check (default 6)",
+    )
+    p.add_argument(
+        "--source",
+        help="vllm-kunlun source checkout to compare with the installed package "
+        "(default: the checkout at or above the working directory, if any)",
+    )
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=run)
 
 
+def _positive_int(raw: str) -> int:
+    value = int(raw)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{raw} is not a positive integer")
+    return value
+
+
+def _fraction(raw: str) -> float:
+    value = float(raw)
+    if not 0 < value <= 1:
+        raise argparse.ArgumentTypeError(f"{raw} is not in (0, 1]")
+    return value
+
+
 def run(args: argparse.Namespace) -> int:
+    # vLLM logs to stdout by default; the report (and --json) owns stdout. Only takes
+    # effect when vLLM is not imported yet, which is the case for the console script.
+    os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
     from vllm_kunlun.doctor.checks import CHECKS
     from vllm_kunlun.doctor.finding import Context, run_checks
     from vllm_kunlun.doctor.report import exit_code, render_json, render_table
@@ -27,6 +65,11 @@ def run(args: argparse.Namespace) -> int:
         tensor_parallel_size=args.tensor_parallel_size,
         max_num_seqs=args.max_num_seqs,
         gpu_memory_utilization=args.gpu_memory_utilization,
+        device_memory_bytes=(
+            int(args.device_memory_gib * (1 << 30)) if args.device_memory_gib else None
+        ),
+        reserve_gib=args.reserve_gib,
+        source_root=args.source,
     )
     findings = run_checks(CHECKS, ctx)
     if args.json:

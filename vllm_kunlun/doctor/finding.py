@@ -1,13 +1,17 @@
-"""A check's result and the runner that turns a crashing check into a finding."""
+"""A check's result, what the checks are told, and the runner that turns a crashing
+check into a failed finding (the doctor itself never crashes on a broken environment:
+a broken environment is exactly what it is for)."""
 
 from __future__ import annotations
 
+import os
 import traceback
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
-Status = Literal["ok", "warn", "fail"]
+Status = Literal["ok", "warn", "fail", "skip"]
+STATUSES: tuple[Status, ...] = ("ok", "warn", "fail", "skip")
 
 
 @dataclass
@@ -26,16 +30,40 @@ class Finding:
 
 @dataclass
 class Context:
-    """What the user told the doctor; checks read only what they need."""
+    """What the user told the doctor; checks read only what they need.
+
+    Everything a check would otherwise take from the machine (``/dev``, the working
+    directory, the device memory, the source checkout) is a field, so that tests can
+    build a healthy and a broken environment in a temporary directory.
+    """
 
     model: str | None = None
     tensor_parallel_size: int = 1
     max_num_seqs: int = 256
     gpu_memory_utilization: float = 0.9
     dev_root: str = "/dev"
+    cwd: str = field(default_factory=os.getcwd)
+    """Directory a relative ``--model`` is resolved against (vLLM uses the cwd)."""
+    device_memory_bytes: int | None = None
+    """Memory of one card; None: ask torch.cuda, else assume a P800."""
+    reserve_gib: float | None = None
+    """Runtime reserve beside the KV cache; None: the budget module's default."""
+    source_root: str | None = None
+    """vllm-kunlun source checkout to compare with the installed package; None:
+    look for one at and above ``cwd``."""
 
 
 Check = Callable[[Context], Finding]
+
+
+def crashed(name: str, exc: BaseException) -> Finding:
+    return Finding(
+        check=name,
+        status="fail",
+        cause=f"the check itself crashed: {type(exc).__name__}: {exc}",
+        fix="report this as a vllm-kunlun bug, with the traceback in the details",
+        details={"traceback": traceback.format_exc(limit=8)},
+    )
 
 
 def run_checks(checks: Sequence[tuple[str, Check]], ctx: Context) -> list[Finding]:
@@ -43,13 +71,10 @@ def run_checks(checks: Sequence[tuple[str, Check]], ctx: Context) -> list[Findin
     for name, check in checks:
         try:
             finding = check(ctx)
+            if not isinstance(finding, Finding) or finding.status not in STATUSES:
+                raise TypeError(f"check returned {finding!r}, not a Finding")
+            finding.check = name
         except Exception as exc:
-            finding = Finding(
-                check=name,
-                status="fail",
-                cause=f"the check itself crashed: {type(exc).__name__}: {exc}",
-                fix="report this as a vllm-kunlun bug with the details below",
-                details={"traceback": traceback.format_exc(limit=5)},
-            )
+            finding = crashed(name, exc)
         findings.append(finding)
     return findings

@@ -1,0 +1,361 @@
+"""Check 7: per-card memory budget: weights, KV cache, linear-attention state, headroom.
+
+What happened (deployment log, 27B W8A8 hybrid model, TP 8, 256 concurrent requests):
+at ``--gpu-memory-utilization 0.9`` vLLM's KV pre-allocation filled 86.24 GiB per card
+and allocating the 4.69 GiB GDN (gated delta net) state for 256 running sequences ran
+out of memory on all 8 cards; 0.75 (KV about 72 GiB, about 24 GiB left) worked.
+
+The model used here, per card:
+  device      D  (torch.cuda's total memory; a P800 has 103.1 GB = 96 GiB)
+  budget      U x D  -- what vLLM fills: weights + profiled activations + KV cache
+  KV cache    U x D - weights (an upper bound: profiled activations also come out of it)
+  beside it   (1 - U) x D must hold:
+     linear-attention state  max_num_seqs x sum over linear layers of
+                             conv (kernel-1) x conv_dim/TP + recurrent (v_heads/TP) x dk x dv,
+                             in the model dtype (vLLM 0.15.1's --mamba-cache-dtype auto)
+     activation headroom     sampler buffers (4 float32 [max_num_seqs, vocab] tensors
+                             in one sampling step) + a runtime reserve (Kunlun runtime,
+                             collective buffers, allocator fragmentation)
+  largest safe U = floor_0.01((D - state - headroom) / D)
+
+The reserve default (6 GiB) is calibrated on the log: at 0.9 a 96 GiB card had 9.6 GiB
+beside the KV cache, 4.69 GiB state + ~0.6 GiB sampler buffers left ~4.3 GiB, and that
+was not enough; 0.75 left 24 GiB and worked. ``--reserve-gib`` overrides it.
+"""
+
+from __future__ import annotations
+
+import glob
+import math
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from vllm_kunlun.doctor.finding import Context, Finding
+
+GIB = 1 << 30
+P800_MEMORY_BYTES = 96 * GIB
+"""One P800 card: 103.1 GB (decimal) = 96 GiB."""
+DEFAULT_RESERVE_GIB = 6.0
+SAMPLER_BUFFERS = 4
+"""float32 [max_num_seqs, vocab] tensors alive in one sampling step: logits, probs,
+exponential noise, and the sorted copy top-k/top-p makes."""
+# transformers' default layer pattern for hybrid configs without ``layer_types``
+# (every ``full_attention_interval``-th layer is full attention, default 4).
+_INTERVAL_DEFAULT_TYPES = ("qwen3_next", "qwen3_5", "qwen3_5_text", "qwen3_5_moe")
+
+DTYPE_BYTES = {
+    "float32": 4,
+    "float": 4,
+    "bfloat16": 2,
+    "float16": 2,
+    "half": 2,
+    "fp8": 1,
+    "fp8_e4m3": 1,
+    "fp8_e5m2": 1,
+}
+
+
+def gib(n: float) -> str:
+    return f"{n / GIB:.2f} GiB"
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """The dimensions the budget needs, read from a local config.json (or hf_config)."""
+
+    model_type: str
+    num_layers: int
+    linear_layers: int
+    num_kv_heads: int
+    head_dim: int
+    vocab_size: int
+    dtype: str
+    linear_num_key_heads: int = 0
+    linear_num_value_heads: int = 0
+    linear_key_head_dim: int = 0
+    linear_value_head_dim: int = 0
+    linear_conv_kernel_dim: int = 0
+
+    @property
+    def attention_layers(self) -> int:
+        return self.num_layers - self.linear_layers
+
+    @property
+    def dtype_bytes(self) -> int:
+        return DTYPE_BYTES.get(self.dtype, 2)
+
+    @classmethod
+    def from_config(cls, config: Mapping[str, Any]) -> ModelShape:
+        text = config.get("text_config") or config
+        model_type = str(text.get("model_type") or config.get("model_type") or "")
+        n = int(text["num_hidden_layers"])
+        types = text.get("layer_types")
+        if types is None and model_type in _INTERVAL_DEFAULT_TYPES:
+            interval = int(text.get("full_attention_interval", 4))
+            types = [
+                "linear_attention" if (i + 1) % interval else "full_attention"
+                for i in range(n)
+            ]
+        linear = sum(t == "linear_attention" for t in types or [])
+        heads = int(text["num_attention_heads"])
+        dtype = str(
+            text.get("dtype")
+            or text.get("torch_dtype")
+            or config.get("dtype")
+            or config.get("torch_dtype")
+            or "bfloat16"
+        ).replace("torch.", "")
+        lin = {
+            k: int(text.get(k) or 0)
+            for k in (
+                "linear_num_key_heads",
+                "linear_num_value_heads",
+                "linear_key_head_dim",
+                "linear_value_head_dim",
+                "linear_conv_kernel_dim",
+            )
+        }
+        return cls(
+            model_type=model_type,
+            num_layers=n,
+            linear_layers=linear,
+            num_kv_heads=int(text.get("num_key_value_heads") or heads),
+            head_dim=int(text.get("head_dim") or int(text["hidden_size"]) // heads),
+            vocab_size=int(text.get("vocab_size") or config.get("vocab_size") or 0),
+            dtype=dtype,
+            **lin,
+        )
+
+    def kv_bytes_per_token(self, tp: int) -> int:
+        """K and V of every attention layer on one card (KV heads split over TP,
+        replicated when TP exceeds them)."""
+        heads = max(1, self.num_kv_heads // tp)
+        return 2 * self.attention_layers * heads * self.head_dim * self.dtype_bytes
+
+    def state_bytes_per_seq(self, tp: int) -> int:
+        """Gated-delta-net conv + recurrent state of one sequence on one card
+        (vLLM 0.15.1 MambaStateShapeCalculator.gated_delta_net_state_shape)."""
+        if not self.linear_layers:
+            return 0
+        conv_dim = (
+            2 * self.linear_num_key_heads * self.linear_key_head_dim
+            + self.linear_num_value_heads * self.linear_value_head_dim
+        )
+        conv = (self.linear_conv_kernel_dim - 1) * (conv_dim // tp)
+        recurrent = (
+            (self.linear_num_value_heads // tp)
+            * self.linear_key_head_dim
+            * self.linear_value_head_dim
+        )
+        return self.linear_layers * (conv + recurrent) * self.dtype_bytes
+
+
+@dataclass(frozen=True)
+class Budget:
+    device_bytes: int
+    utilization: float
+    tp: int
+    max_num_seqs: int
+    weights_bytes: int | None
+    kv_bytes_per_token: int
+    state_bytes: int
+    sampler_bytes: int
+    reserve_bytes: int
+
+    @property
+    def budget_bytes(self) -> float:
+        return self.utilization * self.device_bytes
+
+    @property
+    def kv_bytes(self) -> float:
+        return self.budget_bytes - (self.weights_bytes or 0)
+
+    @property
+    def beside_bytes(self) -> float:
+        return self.device_bytes - self.budget_bytes
+
+    @property
+    def headroom_bytes(self) -> int:
+        return self.sampler_bytes + self.reserve_bytes
+
+    @property
+    def needed_beside_bytes(self) -> int:
+        return self.state_bytes + self.headroom_bytes
+
+    @property
+    def fits(self) -> bool:
+        return self.needed_beside_bytes <= self.beside_bytes and self.kv_bytes > 0
+
+    @property
+    def max_safe_utilization(self) -> float:
+        raw = (self.device_bytes - self.needed_beside_bytes) / self.device_bytes
+        return math.floor(raw * 100 + 1e-9) / 100
+
+    def arithmetic(self) -> list[str]:
+        u, d = self.utilization, self.device_bytes
+        w = (
+            "unknown (no weight files)"
+            if self.weights_bytes is None
+            else gib(self.weights_bytes)
+        )
+        kv_tokens = (
+            int(self.kv_bytes // self.kv_bytes_per_token)
+            if self.kv_bytes_per_token
+            else 0
+        )
+        return [
+            f"device {gib(d)} per card, TP {self.tp}, max_num_seqs {self.max_num_seqs}",
+            f"vLLM budget = {u:.2f} x {gib(d)} = {gib(self.budget_bytes)}",
+            f"weights per card = {w}",
+            f"KV cache <= budget - weights = {gib(self.kv_bytes)} "
+            f"(~{kv_tokens} tokens at {self.kv_bytes_per_token} B/token)",
+            f"beside the KV cache = (1 - {u:.2f}) x {gib(d)} = {gib(self.beside_bytes)}",
+            f"linear-attention state = {self.max_num_seqs} seqs x "
+            f"{self.state_bytes // max(self.max_num_seqs, 1)} B = {gib(self.state_bytes)}",
+            f"activation headroom = sampler {gib(self.sampler_bytes)} + reserve "
+            f"{gib(self.reserve_bytes)} = {gib(self.headroom_bytes)}",
+            f"needed beside = {gib(self.needed_beside_bytes)} "
+            f"{'<=' if self.needed_beside_bytes <= self.beside_bytes else '>'} "
+            f"{gib(self.beside_bytes)}",
+            f"largest safe utilization = floor((({gib(d)} - "
+            f"{gib(self.needed_beside_bytes)}) / {gib(d)}), 0.01) = "
+            f"{self.max_safe_utilization:.2f}",
+        ]
+
+
+def estimate(
+    shape: ModelShape,
+    *,
+    device_bytes: int,
+    utilization: float,
+    tp: int,
+    max_num_seqs: int,
+    weights_bytes: int | None,
+    reserve_gib: float = DEFAULT_RESERVE_GIB,
+) -> Budget:
+    return Budget(
+        device_bytes=device_bytes,
+        utilization=utilization,
+        tp=tp,
+        max_num_seqs=max_num_seqs,
+        weights_bytes=weights_bytes,
+        kv_bytes_per_token=shape.kv_bytes_per_token(tp),
+        state_bytes=max_num_seqs * shape.state_bytes_per_seq(tp),
+        sampler_bytes=SAMPLER_BUFFERS * max_num_seqs * shape.vocab_size * 4,
+        reserve_bytes=int(reserve_gib * GIB),
+    )
+
+
+def weights_bytes_per_card(model_dir: str, tp: int) -> int | None:
+    """Checkpoint size / TP (sharded evenly; replicated norms are negligible)."""
+    for pattern in ("*.safetensors", "*.bin", "*.pt"):
+        files = glob.glob(os.path.join(model_dir, pattern))
+        if files:
+            return sum(os.path.getsize(f) for f in files) // tp
+    return None
+
+
+def device_memory_bytes(explicit: int | None = None) -> tuple[int, str]:
+    if explicit:
+        return explicit, "given"
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            total = int(torch.cuda.get_device_properties(0).total_memory)
+            return total, "torch.cuda.get_device_properties(0)"
+    except Exception:  # a broken runtime is the devices check's business
+        pass
+    return P800_MEMORY_BYTES, "no device visible: assumed one P800 (103.1 GB = 96 GiB)"
+
+
+def to_finding(budget: Budget, details: dict[str, Any]) -> Finding:
+    details.update(
+        arithmetic=budget.arithmetic(),
+        device_bytes=budget.device_bytes,
+        weights_bytes=budget.weights_bytes,
+        kv_bytes=int(budget.kv_bytes),
+        state_bytes=budget.state_bytes,
+        headroom_bytes=budget.headroom_bytes,
+        max_safe_utilization=budget.max_safe_utilization,
+    )
+    u = budget.utilization
+    safe = budget.max_safe_utilization
+    weights_share = (budget.weights_bytes or 0) / budget.device_bytes
+    if safe <= weights_share:
+        return Finding(
+            "kv_budget",
+            "fail",
+            f"weights {gib(budget.weights_bytes or 0)} + state "
+            f"{gib(budget.state_bytes)} + headroom {gib(budget.headroom_bytes)} do not "
+            f"fit in {gib(budget.device_bytes)} at any --gpu-memory-utilization",
+            "raise --tensor-parallel-size or lower --max-num-seqs",
+            details,
+        )
+    if budget.kv_bytes <= 0:
+        return Finding(
+            "kv_budget",
+            "fail",
+            f"at --gpu-memory-utilization {u:.2f} the weights "
+            f"({gib(budget.weights_bytes or 0)}) fill the whole budget "
+            f"({gib(budget.budget_bytes)}): no room for a KV cache",
+            f"use --gpu-memory-utilization {safe:.2f}, or raise --tensor-parallel-size",
+            details,
+        )
+    if not budget.fits:
+        return Finding(
+            "kv_budget",
+            "warn",
+            f"at --gpu-memory-utilization {u:.2f} the KV cache leaves "
+            f"{gib(budget.beside_bytes)} per card, but the linear-attention state "
+            f"({gib(budget.state_bytes)} for {budget.max_num_seqs} seqs) + activation "
+            f"headroom ({gib(budget.headroom_bytes)}) need "
+            f"{gib(budget.needed_beside_bytes)}: out of memory under full load",
+            f"use --gpu-memory-utilization {safe:.2f} (largest safe) or lower "
+            "--max-num-seqs",
+            details,
+        )
+    return Finding(
+        "kv_budget",
+        "ok",
+        f"at {u:.2f}: KV <= {gib(budget.kv_bytes)}, state {gib(budget.state_bytes)} + "
+        f"headroom {gib(budget.headroom_bytes)} fit in {gib(budget.beside_bytes)} "
+        f"beside it (largest safe utilization {safe:.2f})",
+        details=details,
+    )
+
+
+def check_kv_budget(ctx: Context) -> Finding:
+    from vllm_kunlun.doctor.model_path import inspect_path, read_config
+
+    if not ctx.model:
+        return Finding("kv_budget", "skip", "no --model given")
+    verdict = inspect_path(ctx.model, ctx.cwd)
+    if not (
+        verdict.local and os.path.isfile(os.path.join(verdict.path, "config.json"))
+    ):
+        return Finding(
+            "kv_budget", "skip", "needs a local model directory with config.json"
+        )
+    shape = ModelShape.from_config(read_config(verdict.path))
+    device, device_source = device_memory_bytes(ctx.device_memory_bytes)
+    tp = ctx.tensor_parallel_size
+    budget = estimate(
+        shape,
+        device_bytes=device,
+        utilization=ctx.gpu_memory_utilization,
+        tp=tp,
+        max_num_seqs=ctx.max_num_seqs,
+        weights_bytes=weights_bytes_per_card(verdict.path, tp),
+        reserve_gib=DEFAULT_RESERVE_GIB if ctx.reserve_gib is None else ctx.reserve_gib,
+    )
+    details: dict[str, Any] = {
+        "device_memory_source": device_source,
+        "model_type": shape.model_type,
+        "linear_attention_layers": shape.linear_layers,
+        "attention_layers": shape.attention_layers,
+        "dtype": shape.dtype,
+    }
+    return to_finding(budget, details)
