@@ -35,6 +35,11 @@ def _read_version():
     raise RuntimeError("vllm_kunlun/__init__.py has no __version__")
 
 
+def _read_readme():
+    with open(os.path.join(HERE, "README.md")) as f:
+        return f.read()
+
+
 def _ext_modules_and_cmdclass():
     if not _load_envs().VLLM_KUNLUN_BUILD_EXT:
         print("vllm-kunlun: VLLM_KUNLUN_BUILD_EXT=0, native extension not built")
@@ -55,7 +60,7 @@ setup(
     name="vllm-kunlun",
     version=_read_version(),
     description="vLLM platform plugin for Kunlun P800 XPUs (vllm 0.15.1, torch 2.5.1)",
-    long_description=open(os.path.join(HERE, "README.md")).read(),
+    long_description=_read_readme(),
     long_description_content_type="text/markdown",
     license="Apache-2.0",
     python_requires=">=3.10,<3.13",
@@ -69,7 +74,9 @@ setup(
     cmdclass=cmdclass,
     entry_points={
         "vllm.platform_plugins": ["kunlun = vllm_kunlun:register"],
-        "vllm.general_plugins": ["kunlun_runtime_fixes = vllm_kunlun:register_runtime_fixes"],
+        "vllm.general_plugins": [
+            "kunlun_runtime_fixes = vllm_kunlun:register_runtime_fixes"
+        ],
         "console_scripts": ["vllm-kunlun = vllm_kunlun.cli:main"],
     },
 )

@@ -49,8 +49,19 @@ fi
 echo "==> vllm (--no-deps, requirements/vllm.txt)"
 "${uv[@]}" --no-deps -r requirements/vllm.txt
 # --no-build-isolation: the extension builds against the venv's torch 2.5.1.
-echo "==> vllm-kunlun (editable, native extension unless VLLM_KUNLUN_BUILD_EXT=0)"
-"${uv[@]}" --no-deps --no-build-isolation --reinstall-package vllm-kunlun -e .
+# The install is editable, so Python changes need no reinstall; rebuild only when the
+# build inputs (or VLLM_KUNLUN_BUILD_EXT) changed since the last successful build.
+stamp="$VENV/.vllm-kunlun-build"
+inputs=$(cat setup.py pyproject.toml csrc/* vllm_kunlun/__init__.py | sha256sum | cut -c1-16)
+want="$inputs ext=${VLLM_KUNLUN_BUILD_EXT:-1}"
+if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ] && "$py" -c 'import vllm_kunlun' 2>/dev/null; then
+  echo "==> vllm-kunlun: build inputs unchanged, editable install kept"
+else
+  echo "==> vllm-kunlun (editable, native extension unless VLLM_KUNLUN_BUILD_EXT=0)"
+  rm -f "$stamp"
+  "${uv[@]}" --no-deps --no-build-isolation --reinstall-package vllm-kunlun -e .
+  echo "$want" > "$stamp"
+fi
 
 echo "==> stack check"
 "$VENV/bin/vllm-kunlun" versions --strict

@@ -11,6 +11,7 @@ import os
 import subprocess
 import sys
 import textwrap
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -22,7 +23,9 @@ FAKES = REPO / "tests" / "fakes"
 _SCRUB = ("VLLM_PLUGINS", "VLLM_KUNLUN_", "FAKE_", "XPU_VISIBLE_DEVICES")
 
 
-def child_env(extra: dict[str, str] | None = None, fakes: bool = True) -> dict[str, str]:
+def child_env(
+    extra: dict[str, str] | None = None, fakes: bool = True
+) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(_SCRUB)}
     if fakes:
         env["PYTHONPATH"] = os.pathsep.join(
@@ -51,8 +54,17 @@ def run_python(
     )
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    # Unit tests import vLLM modules (vllm.config, samplers, attention) in this process
+    # without activating a platform. On torch 2.5.1 that needs the schema fix the
+    # platform applies in production; apply it here the same way.
+    from vllm_kunlun.patching import schema
+
+    schema.apply()
+
+
 @pytest.fixture
-def fake_vendor_path(monkeypatch: pytest.MonkeyPatch) -> Path:
+def fake_vendor_path(monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     """Put tests/fakes on sys.path for this test and drop cached fake modules after."""
     monkeypatch.syspath_prepend(str(FAKES))
     yield FAKES

@@ -11,7 +11,9 @@ def add_parser(sub: Any) -> None:
     p = sub.add_parser("versions", help="installed stack vs the validated combination")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.add_argument(
-        "--strict", action="store_true", help="exit 1 on a mismatch or missing component"
+        "--strict",
+        action="store_true",
+        help="exit 1 on a mismatch or missing component",
     )
     p.set_defaults(func=run)
 

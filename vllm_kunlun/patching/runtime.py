@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-from vllm_kunlun.logger import init_logger
-
 from vllm_kunlun import envs
+from vllm_kunlun.logger import init_logger
 from vllm_kunlun.patching import schema
 
 logger = init_logger(__name__)

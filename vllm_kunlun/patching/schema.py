@@ -16,6 +16,7 @@ from __future__ import annotations
 import collections.abc
 import functools
 import operator
+import types
 import typing
 from typing import Any
 
@@ -41,10 +42,8 @@ def modern_spelling(tp: Any) -> Any:
     args = tuple(modern_spelling(a) for a in typing.get_args(tp))
     if origin is typing.Union:
         return functools.reduce(operator.or_, args)
-    if origin is list:
-        return list[args]  # type: ignore[misc]
-    if origin is collections.abc.Sequence:
-        return collections.abc.Sequence[args]  # type: ignore[misc]
+    if origin in (list, collections.abc.Sequence):
+        return types.GenericAlias(origin, args)
     return tp
 
 
@@ -64,7 +63,9 @@ def apply() -> bool:
     from torch._library import infer_schema as mod
 
     expected = ("SUPPORTED_PARAM_TYPES", "SUPPORTED_RETURN_TYPES")
-    missing = [name for name in expected if not isinstance(getattr(mod, name, None), dict)]
+    missing = [
+        name for name in expected if not isinstance(getattr(mod, name, None), dict)
+    ]
     if missing:
         raise RuntimeError(
             f"{NAME}: torch {torch.__version__} has no dict "

@@ -1,0 +1,102 @@
+"""``EngineArgs(...).create_engine_config()`` under KunlunPlatform, on a local tiny config."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.conftest import run_python
+
+TINY_QWEN3 = {
+    "architectures": ["Qwen3ForCausalLM"],
+    "model_type": "qwen3",
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 16,
+    "num_hidden_layers": 2,
+    "vocab_size": 256,
+    "max_position_embeddings": 512,
+    "rms_norm_eps": 1e-6,
+    "rope_theta": 10000.0,
+    "tie_word_embeddings": False,
+    "torch_dtype": "bfloat16",
+}
+
+CODE = """
+import json
+from vllm.engine.arg_utils import EngineArgs
+from vllm.platforms import current_platform
+
+cfg = EngineArgs(model=MODEL, skip_tokenizer_init=True).create_engine_config()
+
+
+def _lora_error():
+    try:
+        EngineArgs(model=MODEL, skip_tokenizer_init=True,
+                   enable_lora=True).create_engine_config()
+    except Exception as exc:
+        return f"{type(exc).__name__}: {exc}"
+    return None
+
+pc = cfg.compilation_config.pass_config
+print("RESULT " + json.dumps({
+    "platform": type(current_platform).__name__,
+    "worker_cls": cfg.parallel_config.worker_cls,
+    "block_size": cfg.cache_config.block_size,
+    "device": str(cfg.device_config.device),
+    "fusions": {n: getattr(pc, n) for n in ("fuse_norm_quant", "fuse_act_quant",
+                "fuse_attn_quant", "enable_sp", "fuse_gemm_comms",
+                "fuse_allreduce_rms")},
+    "attn": current_platform.get_attn_backend_cls(None, _sel),
+    "lora_error": _lora_error(),
+}))
+"""
+
+
+@pytest.fixture(scope="module")
+def engine_config(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict, str]:
+    model = tmp_path_factory.mktemp("tiny-qwen3")
+    (model / "config.json").write_text(json.dumps(TINY_QWEN3))
+    code = (
+        f"MODEL = {str(model)!r}\n"
+        "from vllm.v1.attention.selector import AttentionSelectorConfig\n"
+        "import torch\n"
+        "_sel = AttentionSelectorConfig(head_size=16, dtype=torch.bfloat16, "
+        "kv_cache_dtype=None, block_size=16)\n" + CODE
+    )
+    proc = run_python(code, env={"FAKE_XMLIR_DEVICES": "8"})
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    line = next(x for x in proc.stdout.splitlines() if x.startswith("RESULT "))
+    return json.loads(line[len("RESULT ") :]), proc.stdout + proc.stderr
+
+
+def test_engine_config_builds_under_kunlun(engine_config: tuple[dict, str]) -> None:
+    result, _ = engine_config
+    assert result["platform"] == "KunlunPlatform"
+    assert result["device"] == "cuda"
+
+
+def test_platform_defaults_are_set_and_logged(engine_config: tuple[dict, str]) -> None:
+    result, log = engine_config
+    assert result["worker_cls"] == "vllm.v1.worker.gpu_worker.Worker"
+    assert result["block_size"] == 16
+    assert not any(result["fusions"].values()), result["fusions"]
+    assert "vllm-kunlun default: ParallelConfig.worker_cls" in log
+    assert "vllm-kunlun default: CacheConfig.block_size = 16" in log
+
+
+def test_default_attention_backend_is_triton(engine_config: tuple[dict, str]) -> None:
+    result, _ = engine_config
+    assert result["attn"] == (
+        "vllm.v1.attention.backends.triton_attn.TritonAttentionBackend"
+    )
+
+
+def test_lora_is_refused_with_the_reason(engine_config: tuple[dict, str]) -> None:
+    result, _ = engine_config
+    assert result["lora_error"] is not None
+    assert "LoRA is not supported on Kunlun" in result["lora_error"]
+    assert "Remove --enable-lora" in result["lora_error"]
