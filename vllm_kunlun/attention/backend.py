@@ -77,39 +77,20 @@ class PortableAttentionMetadataBuilder(
         fast_build: bool = False,
     ) -> PortableAttentionMetadata:
         m = common_attn_metadata
-        num_decodes, num_prefills, _, _ = split_decodes_and_prefills(
+        num_decodes, _, _, _ = split_decodes_and_prefills(
             m, decode_threshold=self.reorder_batch_threshold or 1
         )
-        groups = []
-        qsl_cpu = m.query_start_loc_cpu
-        if num_decodes:
-            groups.append(
-                paged.plan_group(
-                    m.query_start_loc[: num_decodes + 1],
-                    m.seq_lens[:num_decodes],
-                    m.block_table_tensor[:num_decodes],
-                    max_query_len=1,
-                    max_seq_len=m.max_seq_len,
-                    block_size=self.block_size,
-                    dummy_row=m.num_actual_tokens,
-                )
-            )
-        if num_prefills:
-            lens = (
-                qsl_cpu[num_decodes + 1 : m.num_reqs + 1]
-                - qsl_cpu[num_decodes : m.num_reqs]
-            )
-            groups.append(
-                paged.plan_group(
-                    m.query_start_loc[num_decodes : m.num_reqs + 1],
-                    m.seq_lens[num_decodes : m.num_reqs],
-                    m.block_table_tensor[num_decodes : m.num_reqs],
-                    max_query_len=int(lens.max()),
-                    max_seq_len=m.max_seq_len,
-                    block_size=self.block_size,
-                    dummy_row=m.num_actual_tokens,
-                )
-            )
+        plan = paged.plan_step(
+            m.query_start_loc[: m.num_reqs + 1],
+            m.query_start_loc_cpu[: m.num_reqs + 1],
+            m.seq_lens[: m.num_reqs],
+            m.block_table_tensor[: m.num_reqs],
+            m.slot_mapping,
+            num_decodes=num_decodes,
+            num_actual_tokens=m.num_actual_tokens,
+            max_seq_len=m.max_seq_len,
+            block_size=self.block_size,
+        )
         return PortableAttentionMetadata(
             num_actual_tokens=m.num_actual_tokens,
             max_query_len=m.max_query_len,
@@ -118,11 +99,7 @@ class PortableAttentionMetadataBuilder(
             seq_lens=m.seq_lens,
             block_table=m.block_table_tensor,
             slot_mapping=m.slot_mapping,
-            plan=paged.AttentionPlan(
-                num_actual_tokens=m.num_actual_tokens,
-                slot_mapping=m.slot_mapping[: m.num_actual_tokens],
-                groups=groups,
-            ),
+            plan=plan,
         )
 
 
@@ -187,9 +164,10 @@ class PortableAttentionImpl(AttentionImpl[PortableAttentionMetadata]):
         sinks: torch.Tensor | None = None,
         **extra: Any,
     ) -> None:
-        other = "this backend handles decoder-only causal attention with GQA"
+        scope = "It handles decoder-only causal attention with GQA."
         if attn_type != AttentionType.DECODER:
-            raise _unsupported(f"{attn_type} attention", f"Only {other}.")
+            kind = getattr(attn_type, "value", attn_type)
+            raise _unsupported(f"{kind} attention", scope)
         if sliding_window is not None:
             raise _unsupported(
                 f"sliding-window attention (window {sliding_window})",
@@ -205,7 +183,7 @@ class PortableAttentionImpl(AttentionImpl[PortableAttentionMetadata]):
             )
         unknown = sorted(k for k, v in extra.items() if v not in (None, False))
         if unknown:
-            raise _unsupported(f"the attention options {unknown}", f"Only {other}.")
+            raise _unsupported(f"the attention options {unknown}", scope)
         self.num_heads = num_heads
         self.head_size = head_size
         self.scale = float(scale)

@@ -78,10 +78,61 @@ def plan_group(
     mask = (kv_pos[None, None, :] <= abs_q_pos[:, :, None]) & (
         kv_pos[None, None, :] < seq_lens.long()[:, None, None]
     )
-    # Padded query rows attend to everything: no all-masked softmax row (NaN); their
-    # results go to the dummy row and are dropped.
-    mask |= ~q_valid[:, :, None]
+    # Padded query rows may come out NaN (nothing to attend to); they only ever land
+    # in the dummy row, which is dropped.
     return GroupPlan(q_index=q_index, kv_block=kv_block, kv_offset=kv_offset, mask=mask)
+
+
+def plan_step(
+    query_start_loc: torch.Tensor,
+    query_start_loc_cpu: torch.Tensor,
+    seq_lens: torch.Tensor,
+    block_table: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    *,
+    num_decodes: int,
+    num_actual_tokens: int,
+    max_seq_len: int,
+    block_size: int,
+) -> AttentionPlan:
+    """Plan one engine step: requests ``[:num_decodes]`` have one query token each
+    (vLLM puts decodes first), the rest are prefills or prefill chunks.
+
+    Only ``query_start_loc_cpu`` is read on the host, to size the prefill group.
+    """
+    num_reqs = seq_lens.shape[0]
+    groups = []
+    if num_decodes:
+        groups.append(
+            plan_group(
+                query_start_loc[: num_decodes + 1],
+                seq_lens[:num_decodes],
+                block_table[:num_decodes],
+                max_query_len=1,
+                max_seq_len=max_seq_len,
+                block_size=block_size,
+                dummy_row=num_actual_tokens,
+            )
+        )
+    if num_reqs > num_decodes:
+        lens = query_start_loc_cpu[num_decodes + 1 : num_reqs + 1]
+        lens = lens - query_start_loc_cpu[num_decodes:num_reqs]
+        groups.append(
+            plan_group(
+                query_start_loc[num_decodes : num_reqs + 1],
+                seq_lens[num_decodes:num_reqs],
+                block_table[num_decodes:num_reqs],
+                max_query_len=max(int(lens.max()), 1),
+                max_seq_len=max_seq_len,
+                block_size=block_size,
+                dummy_row=num_actual_tokens,
+            )
+        )
+    return AttentionPlan(
+        num_actual_tokens=num_actual_tokens,
+        slot_mapping=slot_mapping[:num_actual_tokens],
+        groups=groups,
+    )
 
 
 def write_kv_cache(
