@@ -86,8 +86,8 @@ def model_path_guard(model: Any, what: str = "model", cwd: str | None = None) ->
     model = os.fspath(model)
     verdict = inspect_path(model, cwd or os.getcwd())
     if verdict.local and not verdict.exists:
-        cause, fix = missing_path_message(model, verdict)
-        raise ModelPathError(f"vllm-kunlun: {what} {cause}. Fix: {fix}")
+        cause, fix = missing_path_message(model, verdict, what)
+        raise ModelPathError(f"vllm-kunlun: {cause}. Fix: {fix}")
 
 
 def stack_guard(installed: Callable[[str], str | None] = installed_version) -> None:
@@ -119,7 +119,7 @@ def engine_budget(vllm_config: VllmConfig) -> Budget | None:
     shape = ModelShape.from_config(model_config.hf_config.to_dict())
     shape = dataclasses.replace(
         shape, dtype=str(model_config.dtype).replace("torch.", "")
-    )
+    ).with_mamba_cache_dtype(str(getattr(cache, "mamba_cache_dtype", "auto")))
     from vllm.platforms import current_platform
 
     try:

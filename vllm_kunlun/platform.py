@@ -23,6 +23,7 @@ from vllm_kunlun.patching.runtime import apply_runtime_fixes
 if TYPE_CHECKING:
     from torch.distributed import PrefixStore, ProcessGroup
     from vllm.config import VllmConfig
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
     from vllm.v1.attention.selector import AttentionSelectorConfig
 
 logger = init_logger(__name__)
@@ -56,6 +57,14 @@ class KunlunPlatformBase(Platform):
         # fix has to be in place before vllm.distributed registers its custom ops.
         apply_runtime_fixes()
         logger.info("vllm-kunlun: %s", self._banner)
+
+    @classmethod
+    def pre_register_and_update(cls, parser: FlexibleArgumentParser | None = None) -> None:
+        # Called before vLLM reads --model (CLI parser, top of create_engine_config):
+        # the model-path guard must be in place by then (see vllm_kunlun/guards.py).
+        from vllm_kunlun.guards import install
+
+        install()
 
     @classmethod
     def get_punica_wrapper(cls) -> str:
@@ -221,3 +230,6 @@ class KunlunPlatform(KunlunPlatformBase):
         from vllm_kunlun.config_defaults import apply_kunlun_defaults
 
         apply_kunlun_defaults(vllm_config)
+        from vllm_kunlun.guards import check_engine_config
+
+        check_engine_config(vllm_config)

@@ -12,7 +12,7 @@ The model used here, per card:
   beside it   (1 - U) x D must hold:
      linear-attention state  max_num_seqs x sum over linear layers of
                              conv (kernel-1) x conv_dim/TP + recurrent (v_heads/TP) x dk x dv,
-                             in the model dtype (vLLM 0.15.1's --mamba-cache-dtype auto)
+                             in vLLM's --mamba-cache-dtype (auto: the model dtype)
      activation headroom     sampler buffers (4 float32 [max_num_seqs, vocab] tensors
                              in one sampling step) + a runtime reserve (Kunlun runtime,
                              collective buffers, allocator fragmentation)
@@ -25,6 +25,7 @@ was not enough; 0.75 left 24 GiB and worked. ``--reserve-gib`` overrides it.
 
 from __future__ import annotations
 
+import dataclasses
 import glob
 import math
 import os
@@ -77,6 +78,8 @@ class ModelShape:
     linear_key_head_dim: int = 0
     linear_value_head_dim: int = 0
     linear_conv_kernel_dim: int = 0
+    state_dtype: str = ""
+    """GDN state dtype (vLLM's --mamba-cache-dtype); empty: the model dtype ('auto')."""
 
     @property
     def attention_layers(self) -> int:
@@ -85,6 +88,16 @@ class ModelShape:
     @property
     def dtype_bytes(self) -> int:
         return DTYPE_BYTES.get(self.dtype, 2)
+
+    @property
+    def state_dtype_bytes(self) -> int:
+        return DTYPE_BYTES.get(self.state_dtype or self.dtype, 2)
+
+    def with_mamba_cache_dtype(self, mamba_cache_dtype: str) -> ModelShape:
+        """vLLM's ``--mamba-cache-dtype``: 'auto' keeps the model dtype."""
+        if mamba_cache_dtype in ("", "auto"):
+            return self
+        return dataclasses.replace(self, state_dtype=mamba_cache_dtype)
 
     @classmethod
     def from_config(cls, config: Mapping[str, Any]) -> ModelShape:
@@ -107,16 +120,10 @@ class ModelShape:
             or config.get("torch_dtype")
             or "bfloat16"
         ).replace("torch.", "")
-        lin = {
-            k: int(text.get(k) or 0)
-            for k in (
-                "linear_num_key_heads",
-                "linear_num_value_heads",
-                "linear_key_head_dim",
-                "linear_value_head_dim",
-                "linear_conv_kernel_dim",
-            )
-        }
+
+        def dim(key: str) -> int:
+            return int(text.get(key) or 0)
+
         return cls(
             model_type=model_type,
             num_layers=n,
@@ -125,7 +132,11 @@ class ModelShape:
             head_dim=int(text.get("head_dim") or int(text["hidden_size"]) // heads),
             vocab_size=int(text.get("vocab_size") or config.get("vocab_size") or 0),
             dtype=dtype,
-            **lin,
+            linear_num_key_heads=dim("linear_num_key_heads"),
+            linear_num_value_heads=dim("linear_num_value_heads"),
+            linear_key_head_dim=dim("linear_key_head_dim"),
+            linear_value_head_dim=dim("linear_value_head_dim"),
+            linear_conv_kernel_dim=dim("linear_conv_kernel_dim"),
         )
 
     def kv_bytes_per_token(self, tp: int) -> int:
@@ -149,7 +160,7 @@ class ModelShape:
             * self.linear_key_head_dim
             * self.linear_value_head_dim
         )
-        return self.linear_layers * (conv + recurrent) * self.dtype_bytes
+        return self.linear_layers * (conv + recurrent) * self.state_dtype_bytes
 
 
 @dataclass(frozen=True)
@@ -339,7 +350,9 @@ def check_kv_budget(ctx: Context) -> Finding:
         return Finding(
             "kv_budget", "skip", "needs a local model directory with config.json"
         )
-    shape = ModelShape.from_config(read_config(verdict.path))
+    shape = ModelShape.from_config(read_config(verdict.path)).with_mamba_cache_dtype(
+        ctx.mamba_cache_dtype
+    )
     device, device_source = device_memory_bytes(ctx.device_memory_bytes)
     tp = ctx.tensor_parallel_size
     budget = estimate(
@@ -357,5 +370,6 @@ def check_kv_budget(ctx: Context) -> Finding:
         "linear_attention_layers": shape.linear_layers,
         "attention_layers": shape.attention_layers,
         "dtype": shape.dtype,
+        "state_dtype": shape.state_dtype or shape.dtype,
     }
     return to_finding(budget, details)

@@ -20,6 +20,12 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--max-num-seqs", type=_positive_int, default=256)
     p.add_argument("--gpu-memory-utilization", type=_fraction, default=0.9)
     p.add_argument(
+        "--mamba-cache-dtype",
+        choices=("auto", "float32", "bfloat16", "float16"),
+        default="auto",
+        help="as vLLM's flag: dtype of the linear-attention state (auto: model dtype)",
+    )
+    p.add_argument(
         "--device-memory-gib",
         type=float,
         help="memory of one card (default: torch.cuda's, else a P800's 96 GiB)",
@@ -65,6 +71,7 @@ def run(args: argparse.Namespace) -> int:
         tensor_parallel_size=args.tensor_parallel_size,
         max_num_seqs=args.max_num_seqs,
         gpu_memory_utilization=args.gpu_memory_utilization,
+        mamba_cache_dtype=args.mamba_cache_dtype,
         device_memory_bytes=(
             int(args.device_memory_gib * (1 << 30)) if args.device_memory_gib else None
         ),

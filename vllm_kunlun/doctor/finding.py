@@ -41,6 +41,8 @@ class Context:
     tensor_parallel_size: int = 1
     max_num_seqs: int = 256
     gpu_memory_utilization: float = 0.9
+    mamba_cache_dtype: str = "auto"
+    """vLLM's --mamba-cache-dtype: dtype of the linear-attention (GDN) state."""
     dev_root: str = "/dev"
     cwd: str = field(default_factory=os.getcwd)
     """Directory a relative ``--model`` is resolved against (vLLM uses the cwd)."""

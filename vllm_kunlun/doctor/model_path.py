@@ -91,10 +91,12 @@ def inspect_path(model: str, cwd: str) -> PathVerdict:
     return PathVerdict(local, exists, path, hints)
 
 
-def missing_path_message(model: str, verdict: PathVerdict) -> tuple[str, str]:
+def missing_path_message(
+    model: str, verdict: PathVerdict, what: str = "model"
+) -> tuple[str, str]:
     """(cause, fix) for a local-looking model path that does not exist."""
     cause = (
-        f"model path {model!r} looks local but {verdict.path} does not exist "
+        f"{what} path {model!r} looks local but {verdict.path} does not exist "
         "(vLLM would treat it as a Hugging Face Hub id and fail with HFValidationError "
         "or a download error)"
     )
