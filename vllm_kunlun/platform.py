@@ -59,7 +59,9 @@ class KunlunPlatformBase(Platform):
         logger.info("vllm-kunlun: %s", self._banner)
 
     @classmethod
-    def pre_register_and_update(cls, parser: FlexibleArgumentParser | None = None) -> None:
+    def pre_register_and_update(
+        cls, parser: FlexibleArgumentParser | None = None
+    ) -> None:
         # Called before vLLM reads --model (CLI parser, top of create_engine_config):
         # the model-path guard must be in place by then (see vllm_kunlun/guards.py).
         from vllm_kunlun.guards import install
