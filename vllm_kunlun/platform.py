@@ -13,11 +13,11 @@ from datetime import timedelta
 from typing import TYPE_CHECKING
 
 import torch
-from vllm_kunlun.logger import init_logger
 from vllm.platforms.interface import Platform, PlatformEnum
 from vllm.v1.attention.backends.registry import AttentionBackendEnum
 
 from vllm_kunlun.device import probe_devices
+from vllm_kunlun.logger import init_logger
 from vllm_kunlun.patching.runtime import apply_runtime_fixes
 
 if TYPE_CHECKING:
@@ -67,6 +67,15 @@ class KunlunPlatformBase(Platform):
         from vllm_kunlun.guards import install
 
         install()
+
+    @classmethod
+    def import_kernels(cls) -> None:
+        # vllm._C does not load on torch 2.5.1 (vLLM warns and we rely on none of it);
+        # our own ops live in torch.ops.vllm_kunlun, loaded here once per process.
+        super().import_kernels()
+        from vllm_kunlun import native
+
+        native.load()
 
     @classmethod
     def get_punica_wrapper(cls) -> str:
@@ -130,7 +139,9 @@ class KunlunPlatform(KunlunPlatformBase):
         torch.zeros(1, device=device)
 
     @classmethod
-    def get_current_memory_usage(cls, device: torch.types.Device | None = None) -> float:
+    def get_current_memory_usage(
+        cls, device: torch.types.Device | None = None
+    ) -> float:
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats(device)
         return float(torch.cuda.max_memory_allocated(device))
@@ -162,7 +173,9 @@ class KunlunPlatform(KunlunPlatformBase):
         if str(backend) == "gloo":
             from vllm.distributed.utils import init_gloo_process_group
 
-            return init_gloo_process_group(prefix_store, group_rank, group_size, timeout)
+            return init_gloo_process_group(
+                prefix_store, group_rank, group_size, timeout
+            )
         if str(backend) != "nccl":
             raise ValueError(
                 f"KunlunPlatform supports the nccl and gloo backends, not {backend!r}"
@@ -171,12 +184,15 @@ class KunlunPlatform(KunlunPlatformBase):
         from torch.distributed.distributed_c10d import ProcessGroupNCCL
 
         if hasattr(ProcessGroup, "Options"):  # torch < 2.6
-            pg = ProcessGroup(
-                prefix_store, group_rank, group_size, ProcessGroup.Options(backend="nccl")
+            pg = ProcessGroup(  # type: ignore[call-arg]
+                prefix_store,
+                group_rank,
+                group_size,
+                ProcessGroup.Options(backend="nccl"),
             )
         else:
-            pg = ProcessGroup(prefix_store, group_rank, group_size)
-            pg._set_default_backend(ProcessGroup.BackendType.NCCL)
+            pg = ProcessGroup(prefix_store, group_rank, group_size)  # type: ignore[call-arg]
+            pg._set_default_backend(ProcessGroup.BackendType.NCCL)  # type: ignore[attr-defined]
         options = ProcessGroupNCCL.Options()
         options._timeout = timeout
         nccl = ProcessGroupNCCL(prefix_store, group_rank, group_size, options)
@@ -207,7 +223,9 @@ class KunlunPlatform(KunlunPlatformBase):
             )
         if selected_backend is None:
             backend = AttentionBackendEnum.TRITON_ATTN
-            logger.info_once("vllm-kunlun: attention backend %s (default)", backend.name)
+            logger.info_once(
+                "vllm-kunlun: attention backend %s (default)", backend.name
+            )
             return backend.get_path()
         if selected_backend == AttentionBackendEnum.CUSTOM:
             from vllm_kunlun.attention import select_portable
@@ -218,7 +236,9 @@ class KunlunPlatform(KunlunPlatformBase):
                 "vllm-kunlun: attention backend %s (selected)", selected_backend.name
             )
             return selected_backend.get_path()
-        reason = _REFUSED_ATTN_BACKENDS.get(selected_backend, "is not validated on Kunlun")
+        reason = _REFUSED_ATTN_BACKENDS.get(
+            selected_backend, "is not validated on Kunlun"
+        )
         raise ValueError(
             f"Attention backend {selected_backend.name} cannot run on Kunlun: {reason}. "
             f"Use one of: {', '.join(b.name for b in _SUPPORTED_ATTN_BACKENDS)}, "
