@@ -11,6 +11,9 @@ from __future__ import annotations
 
 VENDOR_CONTRACT: dict[str, dict[str, tuple[str, ...]]] = {
     "torch_xmlir": {},
-    "kunlun_ops": {},
+    "kunlun_ops": {
+        # vllm_kunlun/ops/sampling.py: flashinfer's API; probs is passed positionally.
+        "top_k_top_p_sampling_from_probs": ("top_k", "top_p", "deterministic"),
+    },
     "xspeedgate_ops": {},
 }

@@ -1,0 +1,135 @@
+"""The sampling kernel seam: the vendor's flashinfer-style kernel, or portable torch.
+
+Why: on Kunlun, vLLM's native sampler draws its noise with ``Tensor.exponential_``,
+which has no device kernel and silently runs on the CPU (a 256 x 152K decode step took
+4.89 s with the device idle). The vendor op library ships flashinfer's sampling API;
+calling ``kunlun_ops.top_k_top_p_sampling_from_probs`` keeps sampling on the device.
+Where that library is missing (CPU, other CUDA devices, CI), the portable torch
+implementation in ``sampling_portable`` is used instead: no sort, no host sync.
+
+``VLLM_KUNLUN_SAMPLER`` chooses: ``auto`` (vendor when importable and the tensors are
+on a device, else portable), ``vendor`` (fail when missing), ``portable``. The choice
+and its reason are logged once per process.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from vllm_kunlun import envs
+from vllm_kunlun.logger import init_logger
+from vllm_kunlun.ops import sampling_portable as portable
+from vllm_kunlun.ops import vendor
+
+logger = init_logger(__name__)
+
+VENDOR_MODULE = "kunlun_ops"
+VENDOR_FUNCTION = "top_k_top_p_sampling_from_probs"
+VENDOR = "vendor"
+PORTABLE = "portable"
+
+
+@dataclass(frozen=True)
+class SamplingKernels:
+    """The kernels one sampler uses, and why they were chosen."""
+
+    name: str
+    reason: str
+    vendor_fn: Callable[..., torch.Tensor] | None = None
+
+    def sample_logits(
+        self,
+        logits: torch.Tensor,
+        top_k: torch.Tensor | None,
+        top_p: torch.Tensor | None,
+        *,
+        inplace: bool = False,
+    ) -> torch.Tensor:
+        """One token id per row of ``logits`` (B, V), float32; no per-row generators.
+
+        With ``inplace`` the portable kernel may overwrite ``logits``.
+        """
+        if logits.shape[0] == 0:
+            return torch.empty(0, dtype=torch.int64, device=logits.device)
+        if self.vendor_fn is not None:
+            return vendor_sample(self.vendor_fn, logits, top_k, top_p)
+        uniforms = torch.rand(logits.shape[0], device=logits.device)
+        return portable.sample(
+            logits, top_k, top_p, uniforms, scores_are_logits=True, inplace=inplace
+        )
+
+
+def vendor_sample(
+    fn: Callable[..., torch.Tensor],
+    logits: torch.Tensor,
+    top_k: torch.Tensor | None,
+    top_p: torch.Tensor | None,
+) -> torch.Tensor:
+    """Call the vendor's ``top_k_top_p_sampling_from_probs`` as flashinfer expects.
+
+    The kernel is always called, also when no row filters: a missing top-k becomes
+    ``top_k = vocab`` and a missing top-p ``top_p = 1.0``, which is exactly the
+    unfiltered distribution (so the batch never falls back to ``exponential_``).
+    """
+    probs = logits.softmax(dim=-1, dtype=torch.float32).contiguous()
+    batch, vocab = probs.shape
+    if top_k is None:
+        k = torch.full((batch,), vocab, dtype=torch.int32, device=probs.device)
+    else:
+        k = top_k.to(device=probs.device, dtype=torch.int32).contiguous()
+    if top_p is None:
+        p = torch.full((batch,), 1.0, dtype=torch.float32, device=probs.device)
+    else:
+        p = top_p.to(device=probs.device, dtype=torch.float32).contiguous()
+    tokens = fn(probs, top_k=k, top_p=p, deterministic=True)
+    return tokens.view(-1)
+
+
+def _vendor_function() -> tuple[Callable[..., torch.Tensor] | None, str]:
+    module, reason = vendor.try_load(VENDOR_MODULE)
+    if module is None:
+        return None, reason
+    fn = getattr(module, VENDOR_FUNCTION, None)
+    if not callable(fn):
+        version = getattr(module, "__version__", "unknown version")
+        return None, (
+            f"{VENDOR_MODULE} ({version}) has no {VENDOR_FUNCTION}; the validated "
+            "kunlun_ops 0.1.58 has it"
+        )
+    return fn, f"{VENDOR_MODULE}.{VENDOR_FUNCTION} is available"
+
+
+def select_kernels(device: torch.device) -> SamplingKernels:
+    """The kernels for tensors on ``device``, per ``VLLM_KUNLUN_SAMPLER``; logs once."""
+    mode = envs.VLLM_KUNLUN_SAMPLER
+    if mode == PORTABLE:
+        kernels = SamplingKernels(PORTABLE, "VLLM_KUNLUN_SAMPLER=portable")
+    else:
+        fn, why = _vendor_function()
+        if mode == VENDOR:
+            if fn is None:
+                raise RuntimeError(
+                    f"VLLM_KUNLUN_SAMPLER=vendor, but {why}. Install the vendor op "
+                    "library of the validated combination (kunlun_ops 0.1.58), or set "
+                    "VLLM_KUNLUN_SAMPLER=auto to use the portable torch sampler."
+                )
+            kernels = SamplingKernels(VENDOR, f"VLLM_KUNLUN_SAMPLER=vendor; {why}", fn)
+        elif device.type == "cpu":
+            kernels = SamplingKernels(PORTABLE, "the logits are on the CPU")
+        elif fn is None:
+            kernels = SamplingKernels(PORTABLE, why)
+            logger.warning_once(
+                "vllm-kunlun: sampling on %s uses the portable torch kernels, not the "
+                "vendor kernel: %s",
+                device.type,
+                why,
+            )
+        else:
+            kernels = SamplingKernels(VENDOR, why, fn)
+    logger.info_once(
+        "vllm-kunlun: sampling kernels: %s (%s)", kernels.name, kernels.reason
+    )
+    return kernels
