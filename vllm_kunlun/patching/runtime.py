@@ -5,6 +5,7 @@ from __future__ import annotations
 from vllm_kunlun import envs
 from vllm_kunlun.logger import init_logger
 from vllm_kunlun.patching import schema
+from vllm_kunlun.sample import patches as sample_patches
 
 logger = init_logger(__name__)
 
@@ -25,3 +26,5 @@ def apply_runtime_fixes() -> None:
             "will fail in vllm/distributed/parallel_state.py unless the patch set is "
             "applied (vllm-kunlun patch apply)"
         )
+    # Device-side sampling; deferred while vLLM is still resolving current_platform.
+    sample_patches.apply_all()

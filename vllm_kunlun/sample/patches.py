@@ -1,0 +1,294 @@
+"""Named runtime patches that put device-side sampling into vLLM 0.15.1.
+
+Each patch replaces one module attribute, keeps the original, checks first that the
+upstream object looks like the one it was written for (and says what differs when it
+does not), and can be reverted. Applied by ``patching.runtime.apply_runtime_fixes``
+while a Kunlun platform is active.
+
+* ``kunlun_topk_topp_sampler``: ``vllm.v1.sample.sampler.TopKTopPSampler`` ->
+  ``KunlunTopKTopPSampler``, so every ``Sampler()`` built afterwards samples on the
+  device (``Sampler.__init__`` looks the name up when it runs).
+* ``kunlun_recovered_token_noise``: ``rejection_sampler.sample_recovered_tokens``
+  without ``exponential_``.
+* ``kunlun_rejection_tp_broadcast``: ``rejection_sampler.rejection_sample`` returns TP
+  rank 0's tokens on every rank.
+* ``kunlun_eagle_draft_noise``: ``spec_decode.eagle.compute_probs_and_sample_next_token``
+  without ``exponential_``.
+
+Removal: when vLLM samples without ``Tensor.exponential_`` (or Kunlun gets a device
+kernel for it) and keeps TP ranks consistent itself.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from types import ModuleType
+from typing import Any
+
+from vllm_kunlun.logger import init_logger
+
+logger = init_logger(__name__)
+
+_MISSING = object()
+
+
+@dataclass
+class AttributePatch:
+    """Replace ``module.attr`` with ``make(original)``; ``check`` vets the original."""
+
+    name: str
+    module: str
+    attr: str
+    make: Callable[[Any], Any]
+    check: Callable[[ModuleType, Any], str | None]
+    _original: Any = field(default=_MISSING, repr=False)
+
+    @property
+    def target(self) -> str:
+        return f"{self.module}.{self.attr}"
+
+    def applied(self) -> bool:
+        return self._original is not _MISSING
+
+    def mismatch(self) -> str | None:
+        """Why the installed vLLM does not look like what this patch expects, or None."""
+        try:
+            module = importlib.import_module(self.module)
+        except Exception as exc:
+            return f"{self.module} does not import ({type(exc).__name__}: {exc})"
+        original = getattr(module, self.attr, _MISSING)
+        if original is _MISSING:
+            return f"{self.target} does not exist"
+        return self.check(module, original)
+
+    def apply(self) -> bool:
+        """Install the replacement; False when already installed."""
+        if self.applied():
+            return False
+        problem = self.mismatch()
+        if problem is not None:
+            raise PatchMismatch(
+                f"runtime patch {self.name} not applied: {problem}. It was written for "
+                "vLLM 0.15.1 (the validated version); install vllm==0.15.1 or update "
+                f"vllm_kunlun/sample/patches.py for this vLLM."
+            )
+        module = sys.modules[self.module]
+        original = getattr(module, self.attr)
+        setattr(module, self.attr, self.make(original))
+        self._original = original
+        return True
+
+    def revert(self) -> None:
+        if not self.applied():
+            return
+        setattr(sys.modules[self.module], self.attr, self._original)
+        self._original = _MISSING
+
+
+class PatchMismatch(RuntimeError):
+    """The upstream object differs from what a patch was written for."""
+
+
+def _params(fn: Any) -> tuple[str, ...]:
+    try:
+        return tuple(inspect.signature(fn).parameters)
+    except (TypeError, ValueError):
+        return ()
+
+
+def _expect_params(fn: Any, what: str, expected: tuple[str, ...]) -> str | None:
+    found = _params(fn)
+    if found != expected:
+        return f"{what} takes {found}, expected {expected}"
+    return None
+
+
+def _expect_call(fn: Any, what: str, name: str) -> str | None:
+    code = getattr(fn, "__code__", None)
+    if code is None or name not in code.co_names:
+        return f"{what} no longer calls {name} by its module-level name"
+    return None
+
+
+# ---- kunlun_topk_topp_sampler ---------------------------------------------------------
+
+
+def _check_sampler(module: ModuleType, original: Any) -> str | None:
+    if not isinstance(original, type):
+        return f"{module.__name__}.TopKTopPSampler is not a class"
+    problem = _expect_params(
+        getattr(original, "forward_native", None),
+        "TopKTopPSampler.forward_native",
+        ("self", "logits", "generators", "k", "p"),
+    )
+    if problem:
+        return problem
+    sampler = getattr(module, "Sampler", None)
+    return _expect_call(
+        getattr(sampler, "__init__", None), "Sampler.__init__", "TopKTopPSampler"
+    )
+
+
+def _make_sampler(original: Any) -> Any:
+    from vllm_kunlun.sample.topk_topp import KunlunTopKTopPSampler
+
+    return KunlunTopKTopPSampler
+
+
+# ---- kunlun_recovered_token_noise / kunlun_rejection_tp_broadcast ----------------------
+
+_RECOVERED_PARAMS = (
+    "max_spec_len",
+    "num_draft_tokens",
+    "cu_num_draft_tokens",
+    "draft_token_ids",
+    "draft_probs",
+    "target_probs",
+    "sampling_metadata",
+    "device",
+)
+_REJECTION_PARAMS = (
+    "draft_token_ids",
+    "num_draft_tokens",
+    "max_spec_len",
+    "cu_num_draft_tokens",
+    "draft_probs",
+    "target_probs",
+    "bonus_token_ids",
+    "sampling_metadata",
+)
+
+
+def _check_recovered(module: ModuleType, original: Any) -> str | None:
+    problem = _expect_params(original, "sample_recovered_tokens", _RECOVERED_PARAMS)
+    if problem:
+        return problem
+    if not hasattr(module, "sample_recovered_tokens_kernel"):
+        return "rejection_sampler.sample_recovered_tokens_kernel does not exist"
+    return _expect_call(
+        getattr(module, "rejection_sample", None),
+        "rejection_sample",
+        "sample_recovered_tokens",
+    )
+
+
+def _make_recovered(original: Any) -> Any:
+    from vllm_kunlun.sample.rejection import sample_recovered_tokens
+
+    return sample_recovered_tokens
+
+
+def _check_rejection(module: ModuleType, original: Any) -> str | None:
+    problem = _expect_params(original, "rejection_sample", _REJECTION_PARAMS)
+    if problem:
+        return problem
+    sampler_cls = getattr(module, "RejectionSampler", None)
+    return _expect_call(
+        getattr(sampler_cls, "forward", None),
+        "RejectionSampler.forward",
+        "rejection_sample",
+    )
+
+
+def _make_rejection(original: Any) -> Any:
+    from vllm_kunlun.sample.rejection import broadcasting_rejection_sample
+
+    return broadcasting_rejection_sample(original)
+
+
+# ---- kunlun_eagle_draft_noise -----------------------------------------------------------
+
+
+def _check_eagle(module: ModuleType, original: Any) -> str | None:
+    return _expect_params(
+        original,
+        "compute_probs_and_sample_next_token",
+        ("logits", "sampling_metadata"),
+    )
+
+
+def _make_eagle(original: Any) -> Any:
+    from vllm_kunlun.sample.spec_decode import compute_probs_and_sample_next_token
+
+    return compute_probs_and_sample_next_token
+
+
+PATCHES: tuple[AttributePatch, ...] = (
+    AttributePatch(
+        "kunlun_topk_topp_sampler",
+        "vllm.v1.sample.sampler",
+        "TopKTopPSampler",
+        _make_sampler,
+        _check_sampler,
+    ),
+    AttributePatch(
+        "kunlun_recovered_token_noise",
+        "vllm.v1.sample.rejection_sampler",
+        "sample_recovered_tokens",
+        _make_recovered,
+        _check_recovered,
+    ),
+    AttributePatch(
+        "kunlun_rejection_tp_broadcast",
+        "vllm.v1.sample.rejection_sampler",
+        "rejection_sample",
+        _make_rejection,
+        _check_rejection,
+    ),
+    AttributePatch(
+        "kunlun_eagle_draft_noise",
+        "vllm.v1.spec_decode.eagle",
+        "compute_probs_and_sample_next_token",
+        _make_eagle,
+        _check_eagle,
+    ),
+)
+
+
+def platform_resolved() -> bool:
+    """True once vLLM's ``current_platform`` exists.
+
+    The platform constructor calls ``apply_runtime_fixes`` while vLLM is still
+    resolving ``current_platform``; importing ``vllm.v1.sample`` then would re-enter
+    that resolution. The ``vllm.general_plugins`` entry point calls it again later, in
+    every process, before any model runner builds its sampler.
+    """
+    platforms = sys.modules.get("vllm.platforms")
+    return getattr(platforms, "_current_platform", None) is not None
+
+
+def apply_all() -> list[str]:
+    """Apply every sampling patch not yet applied; returns the names applied now.
+
+    A patch whose upstream target differs from vLLM 0.15.1's is skipped with a warning
+    that names the difference (vLLM keeps working, with its own slower sampling there).
+    """
+    if not platform_resolved():
+        logger.debug(
+            "vllm-kunlun: sampling patches deferred until vLLM's current_platform is "
+            "resolved"
+        )
+        return []
+    done = []
+    for patch in PATCHES:
+        try:
+            if patch.apply():
+                done.append(patch.name)
+        except PatchMismatch as exc:
+            logger.warning_once("vllm-kunlun: %s", str(exc))
+    if done:
+        logger.info("vllm-kunlun: runtime patches applied: %s", ", ".join(done))
+    return done
+
+
+def revert_all() -> None:
+    for patch in reversed(PATCHES):
+        patch.revert()
+
+
+def applied() -> list[str]:
+    return [patch.name for patch in PATCHES if patch.applied()]

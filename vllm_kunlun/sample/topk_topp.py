@@ -1,0 +1,86 @@
+"""``KunlunTopKTopPSampler``: vLLM's top-k / top-p sampler without host fallbacks.
+
+Why: vLLM 0.15.1's ``TopKTopPSampler`` on an out-of-tree platform always runs
+``forward_native``, whose noise comes from ``Tensor.exponential_`` (CPU-only on Kunlun)
+and whose top-p path sorts the whole vocabulary.
+How:
+* no per-request generators: always the kernel seam (``ops.sampling``): the vendor's
+  ``top_k_top_p_sampling_from_probs`` with ``top_k = vocab`` / ``top_p = 1.0`` filled in
+  when absent, or the portable torch kernel;
+* per-request generators: the portable kernel with one uniform per row, drawn by
+  ``uniform_`` with the row's own generator (one batched draw for the other rows);
+* ``processed_logits`` / ``processed_logprobs``: the filtered logits are computed first
+  (sort-free) and returned; sampling then runs on them unfiltered;
+* tensor parallel: TP rank 0's tokens are broadcast (``sample.tp``).
+Installed by the runtime patch ``kunlun_topk_topp_sampler`` (``sample.patches``).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+from vllm.v1.sample.ops.topk_topp_sampler import TopKTopPSampler
+
+from vllm_kunlun.ops import sampling_portable as portable
+from vllm_kunlun.ops.sampling import SamplingKernels, select_kernels
+from vllm_kunlun.sample.noise import row_uniforms
+from vllm_kunlun.sample.tp import broadcast_from_first_rank
+
+_PROCESSED = ("processed_logits", "processed_logprobs")
+
+
+class KunlunTopKTopPSampler(TopKTopPSampler):
+    """Drop-in for vLLM's ``TopKTopPSampler`` (same constructor and call signature)."""
+
+    def __init__(self, logprobs_mode: str = "raw_logprobs") -> None:
+        # Not TopKTopPSampler.__init__: it binds self.forward to one of vLLM's paths
+        # (forward_native on this platform).
+        nn.Module.__init__(self)
+        self.logprobs_mode = logprobs_mode
+        self.apply_top_k_top_p = portable.mask_logits
+        self._kernels: SamplingKernels | None = None
+
+    def kernels(self, device: torch.device) -> SamplingKernels:
+        if self._kernels is None:
+            self._kernels = select_kernels(device)
+        return self._kernels
+
+    def forward(
+        self,
+        logits: torch.Tensor,
+        generators: dict[int, torch.Generator],
+        k: torch.Tensor | None,
+        p: torch.Tensor | None,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Sample one token per row; may update ``logits`` in place (as vLLM's)."""
+        to_return: torch.Tensor | None = None
+        keep_logits = self.logprobs_mode == "processed_logits"
+        if self.logprobs_mode in _PROCESSED:
+            logits = portable.mask_logits(logits, k, p)
+            if keep_logits:
+                to_return = logits
+            else:
+                to_return = logits.log_softmax(dim=-1, dtype=torch.float32)
+            k = p = None
+        if generators:
+            uniforms = row_uniforms(logits.shape[0], generators, logits.device)
+            tokens = portable.sample(
+                logits,
+                k,
+                p,
+                uniforms,
+                scores_are_logits=True,
+                inplace=not keep_logits,
+            )
+        else:
+            tokens = self.kernels(logits.device).sample_logits(
+                logits, k, p, inplace=not keep_logits
+            )
+        tokens = broadcast_from_first_rank(tokens)
+        return tokens.view(-1), to_return
+
+    # vLLM's own paths, should anything call them directly, sample on the device too.
+    forward_native = forward
+    forward_cpu = forward
+    forward_cuda = forward
+    forward_hip = forward
