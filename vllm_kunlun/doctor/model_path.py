@@ -45,8 +45,8 @@ def suggestions(model: str, cwd: str, limit: int = MAX_SUGGESTIONS) -> list[str]
     """Existing directories nearest to a missing local path, spelled like the input.
 
     Walk down the components the user typed while they exist; at the first missing one,
-    rank the existing sibling directories: names that start with what was typed first
-    (``Qwen3.8`` -> ``Qwen3.8-27B-...``), then by similarity.
+    offer the existing sibling directories whose names start with what was typed
+    (``Qwen3.8`` -> ``Qwen3.8-27B-...``), or else the most similar spellings.
     """
     expanded = os.path.expanduser(model)
     prefix = "/" if os.path.isabs(expanded) else ""
@@ -68,7 +68,12 @@ def suggestions(model: str, cwd: str, limit: int = MAX_SUGGESTIONS) -> list[str]
             return (1 if starts else 0, ratio)
 
         ranked = sorted(siblings, key=score, reverse=True)
-        keep = [n for n in ranked if score(n)[0] or score(n)[1] >= 0.5][:limit]
+        # Names that extend what was typed are the answer when there are any;
+        # otherwise the close spellings (typos).
+        keep = [n for n in ranked if score(n)[0]] or [
+            n for n in ranked if score(n)[1] >= 0.6
+        ]
+        keep = keep[:limit]
         rest = parts[i + 1 :]
         return [prefix + "/".join([*parts[:i], n, *rest]) for n in keep]
     return []

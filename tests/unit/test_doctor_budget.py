@@ -1,0 +1,181 @@
+"""Doctor check 7 (KV / linear-attention state budget) on local hybrid configs.
+
+The configs follow transformers 5.2.0's Qwen3NextConfig / Qwen3_5TextConfig field names
+(layer_types, linear_num_key_heads, linear_num_value_heads, linear_key_head_dim,
+linear_value_head_dim, linear_conv_kernel_dim; Qwen3.5 nests them in text_config).
+Expected numbers are worked out by hand in the comments.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from vllm_kunlun.doctor.budget import ModelShape, check_kv_budget
+from vllm_kunlun.doctor.finding import Context
+
+GIB = 1 << 30
+P800 = 96 * GIB  # 103.1 GB
+
+# A 27B hybrid in the style of the log's model: 64 layers, 3 linear-attention (GDN)
+# layers per full-attention layer -> 48 GDN + 16 attention layers.
+TEXT = {
+    "model_type": "qwen3_5_text",
+    "vocab_size": 151936,
+    "hidden_size": 5120,
+    "num_hidden_layers": 64,
+    "num_attention_heads": 24,
+    "num_key_value_heads": 4,
+    "head_dim": 256,
+    "linear_conv_kernel_dim": 4,
+    "linear_key_head_dim": 128,
+    "linear_value_head_dim": 128,
+    "linear_num_key_heads": 16,
+    "linear_num_value_heads": 48,
+    "dtype": "bfloat16",
+}
+LAYER_TYPES = (["linear_attention"] * 3 + ["full_attention"]) * 16
+FLAT = {
+    "architectures": ["Qwen3NextForCausalLM"],
+    **TEXT,
+    "model_type": "qwen3_next",
+    "layer_types": LAYER_TYPES,
+}
+NESTED = {
+    "architectures": ["Qwen3_5ForConditionalGeneration"],
+    "model_type": "qwen3_5",
+    "text_config": TEXT,
+}  # no layer_types: transformers' default interval of 4
+
+# Per GDN layer and sequence at TP 8 (vLLM gated_delta_net_state_shape):
+#   conv      (4 - 1) x (2*16*128 + 48*128) / 8 = 3 x 1280 = 3840 elements
+#   recurrent 48 / 8 heads x 128 x 128          = 98304 elements
+STATE_ELEMS_PER_LAYER_TP8 = 102144
+FP32_STATE_256 = 256 * 48 * STATE_ELEMS_PER_LAYER_TP8 * 4  # 5_020_581_888 B = 4.68 GiB
+SAMPLER_256 = 4 * 256 * 151936 * 4  # 622_329_856 B = 0.58 GiB
+
+
+def _model_dir(
+    tmp_path: Path, config: dict, weights_bytes: int = 28_000_000_000
+) -> str:
+    d = tmp_path / "models" / "Qwen3.8-27B-W8A8-INT8-Dynamic"
+    d.mkdir(parents=True)
+    (d / "config.json").write_text(json.dumps(config))
+    if weights_bytes:
+        with open(d / "model.safetensors", "wb") as f:  # sparse: no disk used
+            f.truncate(weights_bytes)
+    return str(d)
+
+
+def _check(model: str, **kw: object):
+    ctx = Context(model=model, device_memory_bytes=P800, **kw)  # type: ignore[arg-type]
+    return check_kv_budget(ctx)
+
+
+def test_shape_reads_both_config_styles() -> None:
+    flat, nested = ModelShape.from_config(FLAT), ModelShape.from_config(NESTED)
+    for s in (flat, nested):
+        assert (s.num_layers, s.linear_layers, s.attention_layers) == (64, 48, 16)
+        assert s.state_bytes_per_seq(8) == 48 * STATE_ELEMS_PER_LAYER_TP8 * 2  # bf16
+        # 16 layers x K,V x max(1, 4 // 8) head x 256 x 2 B
+        assert s.kv_bytes_per_token(8) == 16 * 2 * 1 * 256 * 2
+
+
+def test_state_shape_agrees_with_vllm() -> None:
+    from vllm.model_executor.layers.mamba.mamba_utils import MambaStateShapeCalculator
+
+    conv, recurrent = MambaStateShapeCalculator.gated_delta_net_state_shape(
+        8, 16, 48, 128, 128, 4
+    )
+    per_layer = conv[0] * conv[1] + recurrent[0] * recurrent[1] * recurrent[2]
+    shape = ModelShape.from_config(FLAT).with_mamba_cache_dtype("float32")
+    assert shape.state_bytes_per_seq(8) == 48 * per_layer * 4
+
+
+def test_the_logs_oom_at_0_9_and_the_largest_safe_utilization(tmp_path: Path) -> None:
+    """TP 8, 256 seqs, float32 GDN state (4.68 GiB; the log reports 4.69 GiB).
+
+    beside the KV cache at 0.9: 0.1 x 96 GiB = 9.60 GiB
+    needed: 4.68 state + 0.58 sampler + 6.00 reserve = 11.26 GiB  -> warn
+    largest safe: floor((96 - 11.2554) / 96, 0.01) = floor(0.8827) = 0.88
+    """
+    model = _model_dir(tmp_path, FLAT)
+    f = _check(
+        model,
+        tensor_parallel_size=8,
+        max_num_seqs=256,
+        gpu_memory_utilization=0.9,
+        mamba_cache_dtype="float32",
+    )
+    assert f.status == "warn", f
+    assert f.details["state_bytes"] == FP32_STATE_256
+    assert f.details["headroom_bytes"] == SAMPLER_256 + 6 * GIB
+    assert f.details["weights_bytes"] == 3_500_000_000  # 28 GB / TP 8
+    assert f.details["max_safe_utilization"] == 0.88
+    assert "leaves 9.60 GiB" in f.cause and "4.68 GiB for 256 seqs" in f.cause
+    assert f.fix.startswith("use --gpu-memory-utilization 0.88")
+    arithmetic = "\n".join(f.details["arithmetic"])
+    assert "vLLM budget = 0.90 x 96.00 GiB = 86.40 GiB" in arithmetic
+    assert "KV cache <= budget - weights = 83.14 GiB" in arithmetic
+    assert "needed beside = 11.26 GiB > 9.60 GiB" in arithmetic
+
+
+def test_0_75_worked_in_the_log(tmp_path: Path) -> None:
+    model = _model_dir(tmp_path, FLAT)
+    f = _check(
+        model,
+        tensor_parallel_size=8,
+        max_num_seqs=256,
+        gpu_memory_utilization=0.75,
+        mamba_cache_dtype="float32",
+    )
+    assert f.status == "ok", f
+    assert "fit in 24.00 GiB" in f.cause
+
+
+def test_bf16_state_is_half(tmp_path: Path) -> None:
+    # 2.34 GiB state + 6.58 headroom = 8.92 GiB <= 9.60 GiB: fits at 0.9
+    model = _model_dir(tmp_path, NESTED)
+    f = _check(model, tensor_parallel_size=8, max_num_seqs=256)
+    assert f.details["state_bytes"] == FP32_STATE_256 // 2
+    assert f.status == "ok", f
+
+
+def test_nothing_fits_at_any_utilization(tmp_path: Path) -> None:
+    # TP 1: 48 x (3 x 10240 + 48 x 16384) x 4 B x 1024 seqs = 150 GiB of state alone
+    model = _model_dir(tmp_path, FLAT)
+    f = _check(model, max_num_seqs=1024, mamba_cache_dtype="float32")
+    assert f.status == "fail"
+    assert "at any --gpu-memory-utilization" in f.cause
+    assert "--tensor-parallel-size" in f.fix
+
+
+def test_weights_fill_the_budget(tmp_path: Path) -> None:
+    # 26.08 GiB of weights > 0.2 x 96 GiB = 19.2 GiB
+    model = _model_dir(tmp_path, FLAT)
+    f = _check(model, max_num_seqs=1, gpu_memory_utilization=0.2)
+    assert f.status == "fail" and "no room for a KV cache" in f.cause
+
+
+def test_dense_model_has_no_state(tmp_path: Path) -> None:
+    dense = {k: v for k, v in TEXT.items() if not k.startswith("linear_")}
+    model = _model_dir(tmp_path, {**dense, "model_type": "qwen3"}, weights_bytes=0)
+    f = _check(model, tensor_parallel_size=8)
+    assert f.status == "ok", f
+    assert f.details["state_bytes"] == 0 and f.details["linear_attention_layers"] == 0
+    assert any("unknown (no weight files)" in line for line in f.details["arithmetic"])
+
+
+@pytest.mark.parametrize("model", [None, "Qwen/Qwen3-8B"])
+def test_skipped_without_a_local_config(model: str | None) -> None:
+    assert _check(model).status == "skip"  # type: ignore[arg-type]
+
+
+def test_relative_model_resolved_against_cwd(tmp_path: Path) -> None:
+    model = _model_dir(tmp_path, FLAT)
+    rel = os.path.relpath(model, tmp_path)
+    f = check_kv_budget(Context(model=rel, cwd=str(tmp_path), device_memory_bytes=P800))
+    assert f.status in ("ok", "warn") and f.details["linear_attention_layers"] == 48

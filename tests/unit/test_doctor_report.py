@@ -1,0 +1,123 @@
+"""The doctor's runner, renderings, JSON schema and exit code (no vLLM engine)."""
+
+from __future__ import annotations
+
+import json
+
+import jsonschema
+import pytest
+
+from vllm_kunlun.cli import main
+from vllm_kunlun.doctor import checks as checks_module
+from vllm_kunlun.doctor.finding import Context, Finding, run_checks
+from vllm_kunlun.doctor.report import (
+    exit_code,
+    json_schema,
+    render_json,
+    render_table,
+)
+
+
+def _ok(ctx: Context) -> Finding:
+    return Finding("ok_check", "ok", "all good")
+
+
+def _warn(ctx: Context) -> Finding:
+    return Finding("warn_check", "warn", "watch out", "do this", {"n": 1})
+
+
+def _fail(ctx: Context) -> Finding:
+    return Finding(
+        "fail_check", "fail", "broken", "fix it", {"arithmetic": ["1 + 1 = 2"]}
+    )
+
+
+def _crash(ctx: Context) -> Finding:
+    raise KeyError("no such thing")
+
+
+def _not_a_finding(ctx: Context) -> Finding:
+    return "fine"  # type: ignore[return-value]
+
+
+def test_crashing_check_is_a_failed_finding_not_a_crash() -> None:
+    findings = run_checks(
+        [("good", _ok), ("boom", _crash), ("bogus", _not_a_finding)], Context()
+    )
+    assert [f.check for f in findings] == ["good", "boom", "bogus"]
+    assert [f.status for f in findings] == ["ok", "fail", "fail"]
+    assert "KeyError" in findings[1].cause and "no such thing" in findings[1].cause
+    assert "_crash" in findings[1].details["traceback"]
+    assert "not a Finding" in findings[2].cause
+    assert exit_code(findings) == 1
+
+
+def test_exit_code_only_fails_on_fail() -> None:
+    findings = run_checks([("a", _ok), ("b", _warn)], Context())
+    assert exit_code(findings) == 0
+    findings.append(Finding("c", "skip", "not here"))
+    assert exit_code(findings) == 0
+
+
+def test_json_output_validates_against_the_documented_schema() -> None:
+    findings = run_checks(
+        [("a", _ok), ("b", _warn), ("c", _fail), ("d", _crash)], Context()
+    )
+    doc = json.loads(render_json(findings))
+    jsonschema.validate(doc, json_schema())
+    assert doc["schema_version"] == 1
+    assert doc["ok"] is False and doc["exit_code"] == 1
+    assert doc["counts"] == {"ok": 1, "warn": 1, "fail": 2, "skip": 0}
+    assert doc["findings"][1] == {
+        "check": "b",
+        "status": "warn",
+        "cause": "watch out",
+        "fix": "do this",
+        "details": {"n": 1},
+    }
+
+
+def test_schema_rejects_what_it_should() -> None:
+    schema = json_schema()
+    good = json.loads(render_json([Finding("a", "ok", "fine")]))
+    bad_status = json.loads(json.dumps(good))
+    bad_status["findings"][0]["status"] = "error"
+    missing_fix = json.loads(json.dumps(good))
+    del missing_fix["findings"][0]["fix"]
+    for doc in (bad_status, missing_fix):
+        with pytest.raises(jsonschema.ValidationError):
+            jsonschema.validate(doc, schema)
+
+
+def test_table_is_compact_and_coloured_only_when_asked() -> None:
+    findings = run_checks([("a", _ok), ("b", _warn), ("c", _fail)], Context())
+    plain = render_table(findings)
+    assert "\033[" not in plain
+    lines = plain.splitlines()
+    assert lines[0].startswith("OK    a")
+    assert lines[1].startswith("WARN  b") and lines[2].strip() == "fix: do this"
+    assert "1 + 1 = 2" in plain  # the arithmetic is shown
+    assert lines[-1] == "3 checks: 1 failed, 1 warnings, 0 skipped"
+    coloured = render_table(findings, colour=True)
+    assert "\033[31mFAIL" in coloured and "\033[32mOK" in coloured
+
+
+def test_cli_exit_code_and_json(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr(checks_module, "CHECKS", [("a", _ok), ("c", _fail)])
+    assert main(["doctor", "--json"]) == 1
+    doc = json.loads(capsys.readouterr().out)
+    jsonschema.validate(doc, json_schema())
+    assert [f["status"] for f in doc["findings"]] == ["ok", "fail"]
+
+    monkeypatch.setattr(checks_module, "CHECKS", [("a", _ok), ("b", _warn)])
+    assert main(["doctor"]) == 0
+    out = capsys.readouterr().out
+    assert "WARN  b" in out and "\033[" not in out  # captured stdout is not a TTY
+
+
+def test_cli_rejects_bad_numbers(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        main(["doctor", "--gpu-memory-utilization", "1.5"])
+    assert "not in (0, 1]" in capsys.readouterr().err

@@ -1,0 +1,65 @@
+"""Doctor check 3: the Qwen2-VL image processor attributes vLLM 0.15.1 reads, by
+behaviour on an instance (a class-level hasattr is False even on the good release)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from vllm_kunlun.doctor.finding import Context
+from vllm_kunlun.doctor.transformers_compat import FIX, check_transformers_compat
+
+
+class Like520:
+    """transformers 5.2.0's shape: attributes set on the instance in __init__."""
+
+    def __init__(self) -> None:
+        self.size = {"shortest_edge": 3136, "longest_edge": 1003520}
+        self.min_pixels = self.size["shortest_edge"]
+        self.max_pixels = self.size["longest_edge"]
+
+
+class Like553:
+    """transformers 5.5.x's shape: only ``size`` is left."""
+
+    def __init__(self) -> None:
+        self.size = {"shortest_edge": 3136, "longest_edge": 1003520}
+
+
+def _check(*processors: tuple[str, Any, str]):
+    return check_transformers_compat(Context(), list(processors))
+
+
+def test_instance_attributes_count_not_class_attributes() -> None:
+    f = _check(("Qwen2VLImageProcessor", Like520, ""))
+    assert f.status == "ok", f
+    assert f.details["Qwen2VLImageProcessor"]["class_hasattr_max_pixels"] is False
+
+
+def test_removed_max_pixels_fails_with_the_downgrade() -> None:
+    f = _check(("Qwen2VLImageProcessor", Like553, ""))
+    assert f.status == "fail"
+    assert "Qwen2VLImageProcessor: instance has no .max_pixels" in f.cause
+    assert "min_pixels" in f.cause
+    assert f.fix == FIX == "pip install --no-deps --force-reinstall transformers==5.2.0"
+
+
+def test_fast_processor_missing_torchvision_is_not_a_failure() -> None:
+    f = _check(
+        ("Qwen2VLImageProcessor", Like520, ""),
+        ("Qwen2VLImageProcessorFast", None, "ModuleNotFoundError: torchvision"),
+    )
+    assert f.status == "ok"
+    assert "torchvision" in f.details["Qwen2VLImageProcessorFast"]
+
+
+def test_slow_processor_not_importable_fails() -> None:
+    f = _check(("Qwen2VLImageProcessor", None, "ImportError: gone"))
+    assert f.status == "fail" and "does not import" in f.cause
+
+
+def test_installed_transformers_520_passes() -> None:
+    """The real transformers of the validated stack, instance built offline."""
+    f = check_transformers_compat(Context())
+    assert f.details["transformers"] == "5.2.0"
+    assert f.status == "ok", f
+    assert f.details["Qwen2VLImageProcessor"]["instance_ok"] is True
