@@ -69,6 +69,10 @@ def _positive_float(name: str, raw: str) -> float:
     return value
 
 
+def _optional_path(name: str, raw: str) -> str | None:
+    return raw.strip() or None
+
+
 _VARS: dict[str, EnvVar] = {
     v.name: v
     for v in (
@@ -128,6 +132,14 @@ _VARS: dict[str, EnvVar] = {
             "tensor parallel size > 1.",
             "auto, 1/0",
         ),
+        EnvVar(
+            "VLLM_KUNLUN_PATCH_DIR",
+            _optional_path,
+            None,
+            "Directory of the patch_torch251 file patch set used by `vllm-kunlun "
+            "patch` (default: patches/vllm-0.15.1-torch-2.5.1 of the source checkout).",
+            "a directory path",
+        ),
     )
 }
 
@@ -163,3 +175,4 @@ if TYPE_CHECKING:  # names for type checkers; values come from __getattr__
     VLLM_KUNLUN_SCHEMA_FIX: bool
     VLLM_KUNLUN_SAMPLER: str
     VLLM_KUNLUN_TP_SAMPLE_BROADCAST: bool | None
+    VLLM_KUNLUN_PATCH_DIR: str | None

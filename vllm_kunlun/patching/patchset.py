@@ -1,0 +1,298 @@
+"""A declared file patch set: unified diffs plus a manifest of file digests.
+
+Why: changes to an installed vLLM must be reviewable (plain unified diffs that ``git
+apply`` also understands), and checkable (the sha256 of every target file before and
+after the whole set). This module only reads and validates a set and applies its hunks
+to text in memory; it never touches the files of an installed package (see
+``engine``). It imports neither torch nor vLLM, so the patch CLI works even when the
+installed vLLM cannot be imported.
+
+Layout of a set directory::
+
+    manifest.json    {"name", "vllm", "torch", "patches": [file names, in order],
+                      "files": {target: {"before": sha256, "after": sha256}}}
+    NN-name.patch    "Key: value" header lines, then one unified diff of one file
+
+Hunks apply with exact context only (no fuzz, no offset search): with the file's
+sha256 checked first, the position of every hunk is known.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from vllm_kunlun import envs
+from vllm_kunlun.patching.errors import PatchSetError
+
+SET_DIR_NAME = "vllm-0.15.1-torch-2.5.1"
+MANIFEST = "manifest.json"
+HEADER_KEYS = ("Patch", "Target", "Why", "Unnecessary-from")
+
+_HUNK_RE = re.compile(r"^@@ -(\d+)(?:,(\d+))? \+(\d+)(?:,(\d+))? @@")
+
+
+class HunkMismatch(ValueError):
+    """A hunk's expected lines are not where the diff says they are."""
+
+
+@dataclass(frozen=True)
+class Hunk:
+    old_start: int
+    old_lines: tuple[str, ...]
+    new_start: int
+    new_lines: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Patch:
+    id: str
+    target: str
+    """Path relative to the directory that contains the ``vllm`` package."""
+    why: str
+    unnecessary_from: str
+    hunks: tuple[Hunk, ...]
+    source: Path
+
+
+@dataclass(frozen=True)
+class FileDigest:
+    before: str
+    after: str
+
+
+@dataclass(frozen=True)
+class PatchSet:
+    name: str
+    vllm_version: str
+    torch_version: str
+    directory: Path
+    patches: tuple[Patch, ...]
+    files: dict[str, FileDigest]
+
+    @property
+    def targets(self) -> list[str]:
+        """Target files in the order their first patch appears."""
+        return list(dict.fromkeys(p.target for p in self.patches))
+
+    def patches_for(self, target: str) -> list[Patch]:
+        return [p for p in self.patches if p.target == target]
+
+
+def _bad(source: Path, reason: str) -> PatchSetError:
+    return PatchSetError(
+        source,
+        reason,
+        "restore the patch set from the vllm-kunlun source (git checkout -- patches/) "
+        "or reinstall vllm-kunlun",
+    )
+
+
+def sha256_bytes(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def default_set_dir() -> Path:
+    """``VLLM_KUNLUN_PATCH_DIR``, else ``patches/<set>`` of the source checkout."""
+    configured = envs.VLLM_KUNLUN_PATCH_DIR
+    if configured:
+        return Path(configured)
+    return Path(__file__).resolve().parents[2] / "patches" / SET_DIR_NAME
+
+
+def _parse_header(lines: list[str], source: Path) -> dict[str, str]:
+    fields: dict[str, str] = {}
+    key = None
+    for line in lines:
+        if line.startswith("#") or not line.strip():
+            continue
+        if line[0] in " \t" and key is not None:
+            fields[key] += " " + line.strip()
+            continue
+        name, sep, value = line.partition(":")
+        if not sep or name not in HEADER_KEYS:
+            raise _bad(
+                source,
+                f"unexpected header line {line!r}; a header line is "
+                f"'<key>: <value>' with key one of {', '.join(HEADER_KEYS)}",
+            )
+        key = name
+        fields[key] = value.strip()
+    missing = [k for k in HEADER_KEYS if not fields.get(k)]
+    if missing:
+        raise _bad(source, f"header lacks {', '.join(missing)}")
+    return fields
+
+
+def _strip_prefix(path: str, prefix: str) -> str:
+    path = path.split("\t")[0].strip()
+    return path[len(prefix) :] if path.startswith(prefix) else path
+
+
+def split_lines(text: str) -> list[str]:
+    """Lines with their newline; unlike str.splitlines, only "\\n" ends a line."""
+    parts = text.split("\n")
+    lines = [part + "\n" for part in parts[:-1]]
+    if parts[-1]:
+        lines.append(parts[-1])
+    return lines
+
+
+def _parse_hunks(lines: list[str], source: Path) -> list[Hunk]:
+    hunks: list[Hunk] = []
+    i = 0
+    while i < len(lines):
+        m = _HUNK_RE.match(lines[i])
+        if not m:
+            raise _bad(source, f"expected a hunk header, got {lines[i]!r}")
+        # An omitted count means 1.
+        old_n = int(m.group(2)) if m.group(2) is not None else 1
+        new_n = int(m.group(4)) if m.group(4) is not None else 1
+        old: list[str] = []
+        new: list[str] = []
+        tag = ""
+        i += 1
+        while i < len(lines):
+            line = lines[i]
+            if line.startswith("\\"):
+                # "\ No newline at end of file": the previous line has no newline.
+                if tag in (" ", "-"):
+                    old[-1] = old[-1].removesuffix("\n")
+                if tag in (" ", "+"):
+                    new[-1] = new[-1].removesuffix("\n")
+                i += 1
+                continue
+            if len(old) >= old_n and len(new) >= new_n:
+                break
+            # An empty context line whose leading space an editor stripped.
+            tag, body = (" ", line) if line == "\n" else (line[:1], line[1:])
+            if tag not in (" ", "-", "+"):
+                raise _bad(source, f"bad line in hunk: {line!r}")
+            if tag != "+":
+                old.append(body)
+            if tag != "-":
+                new.append(body)
+            i += 1
+        if len(old) != old_n or len(new) != new_n:
+            raise _bad(
+                source,
+                f"hunk {m.group(0)} declares {old_n}/{new_n} lines, "
+                f"has {len(old)}/{len(new)}",
+            )
+        hunks.append(Hunk(int(m.group(1)), tuple(old), int(m.group(3)), tuple(new)))
+    if not hunks:
+        raise _bad(source, "the diff has no hunks")
+    return hunks
+
+
+def parse_patch(text: str, source: Path) -> Patch:
+    """Parse one ``.patch`` file: header fields, then a unified diff of one file."""
+    lines = split_lines(text)
+    starts = [i for i, line in enumerate(lines) if line.startswith("--- ")]
+    if (
+        not starts
+        or starts[0] + 1 >= len(lines)
+        or not lines[starts[0] + 1].startswith("+++ ")
+    ):
+        raise _bad(source, "no unified diff ('--- a/...', '+++ b/...')")
+    begin = starts[0]
+    header = _parse_header([ln.rstrip("\n") for ln in lines[:begin]], source)
+    old_path = _strip_prefix(lines[begin][4:], "a/")
+    new_path = _strip_prefix(lines[begin + 1][4:], "b/")
+    target = header["Target"]
+    if old_path != target or new_path != target:
+        raise _bad(
+            source,
+            f"header Target {target!r} but the diff is of {old_path!r} -> "
+            f"{new_path!r}; one patch file changes one file",
+        )
+    return Patch(
+        id=header["Patch"],
+        target=target,
+        why=header["Why"],
+        unnecessary_from=header["Unnecessary-from"],
+        hunks=tuple(_parse_hunks(lines[begin + 2 :], source)),
+        source=source,
+    )
+
+
+def load_patch_set(directory: Path | None = None) -> PatchSet:
+    """Read and validate a set; raises PatchSetError naming the file and the problem."""
+    directory = Path(directory) if directory is not None else default_set_dir()
+    manifest_path = directory / MANIFEST
+    if not manifest_path.is_file():
+        raise PatchSetError(
+            manifest_path,
+            "patch set manifest not found",
+            "install vllm-kunlun from its source checkout (pip install -e .), or "
+            f"point VLLM_KUNLUN_PATCH_DIR (or --patches) at patches/{SET_DIR_NAME}",
+        )
+    try:
+        raw = json.loads(manifest_path.read_text(encoding="utf-8"))
+        names = list(raw["patches"])
+        files = {
+            str(t): FileDigest(str(d["before"]), str(d["after"]))
+            for t, d in raw["files"].items()
+        }
+        name, vllm_version, torch_version = raw["name"], raw["vllm"], raw["torch"]
+    except (ValueError, KeyError, TypeError) as exc:
+        raise _bad(manifest_path, f"malformed manifest ({exc!r})") from exc
+    patches = []
+    for file_name in names:
+        path = directory / file_name
+        if not path.is_file():
+            raise _bad(manifest_path, f"lists {file_name}, which is missing")
+        patches.append(parse_patch(path.read_text(encoding="utf-8"), path))
+    ids = [p.id for p in patches]
+    if len(set(ids)) != len(ids):
+        raise _bad(manifest_path, f"duplicate patch ids in {ids}")
+    targets = {p.target for p in patches}
+    if targets != set(files):
+        raise _bad(
+            manifest_path,
+            f"'files' lists {sorted(files)} but the patches change {sorted(targets)}",
+        )
+    return PatchSet(name, vllm_version, torch_version, directory, tuple(patches), files)
+
+
+def apply_hunks(text: str, hunks: Sequence[Hunk], reverse: bool = False) -> str:
+    """Apply (or un-apply) hunks with exact context; raises HunkMismatch."""
+    lines = split_lines(text)
+    offset = 0
+    for h in hunks:
+        if reverse:
+            start, want, put = h.new_start, h.new_lines, h.old_lines
+        else:
+            start, want, put = h.old_start, h.old_lines, h.new_lines
+        # A hunk with no old lines names the line after which it inserts.
+        at = (start if not want else start - 1) + offset
+        if tuple(lines[at : at + len(want)]) != want:
+            raise HunkMismatch(
+                f"expected lines not found at line {at + 1}: {''.join(want[:3])!r}..."
+            )
+        lines[at : at + len(want)] = put
+        offset += len(put) - len(want)
+    return "".join(lines)
+
+
+def apply_file_patches(
+    text: str, patches: Sequence[Patch], reverse: bool = False
+) -> str:
+    """All patches of one file in set order (reverse order when un-applying)."""
+    for patch in reversed(patches) if reverse else patches:
+        text = apply_hunks(text, patch.hunks, reverse=reverse)
+    return text
+
+
+def hunks_present(text: str, patch: Patch, patched: bool) -> bool:
+    """Whether every hunk's patched (or pristine) block occurs somewhere in ``text``.
+
+    Only a hint for a drifted file (which of its patches still look applied).
+    """
+    return all(
+        "".join(h.new_lines if patched else h.old_lines) in text for h in patch.hunks
+    )
