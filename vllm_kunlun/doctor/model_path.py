@@ -122,11 +122,9 @@ def read_config(path: str) -> dict[str, Any]:
 
 def vllm_architectures() -> set[str]:
     """Architectures vLLM 0.15.1 can load (its model registry)."""
-    # vLLM's registry imports vllm.config, which on torch 2.5.1 needs the plugin's
-    # schema fix; the platform applies it at start, the doctor may run without it.
-    from vllm_kunlun.patching.runtime import apply_runtime_fixes
+    from vllm_kunlun.doctor.vllm_import import ensure_vllm_importable
 
-    apply_runtime_fixes()
+    ensure_vllm_importable()
     from vllm.model_executor.models.registry import ModelRegistry
 
     return set(ModelRegistry.get_supported_archs())
