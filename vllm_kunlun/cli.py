@@ -16,6 +16,7 @@ from collections.abc import Sequence
 SUBCOMMAND_MODULES = (
     "vllm_kunlun.doctor.cli",
     "vllm_kunlun.versions_cli",
+    "vllm_kunlun.patching.cli",
 )
 
 

@@ -372,9 +372,14 @@ def _refuse_drift(report: Report, action: str) -> None:
         f"patched {f.after[:12]} (found {str(f.sha256)[:12]}): it was changed by "
         "hand or by another tool"
     )
-    raise PatchRefused(
-        f.path, reason, REINSTALL_FIX.format(vllm=report.patch_set.vllm_version)
+    vllm = report.patch_set.vllm_version
+    fix = (
+        REINSTALL_FIX.format(vllm=vllm)
+        if action == "apply"
+        else f"reinstall the pristine files with `pip install --no-deps "
+        f"--force-reinstall vllm=={vllm}` (that is the revert)"
     )
+    raise PatchRefused(f.path, reason, fix)
 
 
 @dataclass(frozen=True)
