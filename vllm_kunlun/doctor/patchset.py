@@ -1,20 +1,67 @@
-"""Check 5: the patch_torch251 file patch set for the installed vLLM / torch pair."""
+"""Check 5: the patch_torch251 file patch set for the installed vLLM / torch pair.
+
+The log's verification after the rollback was "patch_torch251: 11 applied | 0 failed";
+here the patch engine (vllm_kunlun.patching.engine) reports each patch of the set as
+applied, not applied, or drifted (the file matches neither the pre-patch nor the patched
+sha256 of the manifest: edited by hand or by another tool).
+"""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 from vllm_kunlun.doctor.finding import Context, Finding
 
+Summary = Callable[[], tuple[int, int, dict[str, str]]]
 
-def check_patchset(ctx: Context) -> Finding:
+
+def _engine_summary() -> tuple[int, int, dict[str, str]]:
+    from vllm_kunlun.patching import engine
+
+    return engine.status_summary()
+
+
+def check_patchset(ctx: Context, summary: Summary = _engine_summary) -> Finding:
+    from vllm_kunlun.patching.errors import PairMismatch, PatchError
+
     try:
-        from vllm_kunlun.patching import engine  # type: ignore[attr-defined]
-    except ImportError as exc:
+        applied, total, states = summary()
+    except PairMismatch as exc:
+        return Finding(
+            "patchset",
+            "skip",
+            f"the set does not apply to this stack: {exc.reason}",
+            exc.fix,
+            {"error": exc.to_json()},
+        )
+    except PatchError as exc:
+        return Finding(
+            "patchset", "fail", exc.reason, exc.fix, {"error": exc.to_json()}
+        )
+    details: dict[str, Any] = {"applied": applied, "total": total, "patches": states}
+    drifted = sorted(p for p, s in states.items() if s == "drifted")
+    missing = sorted(p for p, s in states.items() if s == "not applied")
+    if drifted:
         return Finding(
             "patchset",
             "fail",
-            f"vllm_kunlun.patching.engine is not available ({exc}): the patch set "
-            "status cannot be read",
-            "install a vllm-kunlun build that includes the patch engine",
+            f"patch_torch251 {applied}/{total} applied; drifted (files edited outside "
+            f"the engine): {', '.join(drifted)}",
+            "reinstall the pristine files with `pip install --no-deps "
+            "--force-reinstall vllm==0.15.1`, then run `vllm-kunlun patch apply`",
+            details,
         )
-    summary = engine.status_summary()
-    return Finding("patchset", "ok", str(summary))
+    if missing:
+        return Finding(
+            "patchset",
+            "warn",
+            f"patch_torch251 {applied}/{total} applied; not applied: "
+            f"{', '.join(missing)} (vLLM 0.15.1 on torch 2.5.1 needs them for "
+            "torch.compile and structured output)",
+            "vllm-kunlun patch apply",
+            details,
+        )
+    return Finding(
+        "patchset", "ok", f"patch_torch251 {applied}/{total} applied", details=details
+    )
