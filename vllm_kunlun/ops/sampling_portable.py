@@ -16,7 +16,7 @@ How, without sorting the vocabulary and without a host/device synchronisation:
     nucleus lie inside those candidates (the common case: top_k <= 128, peaked
     distributions), the row is sampled among its candidates and nothing else is read.
   - Otherwise the exact threshold comes from a 3-level radix select over the float bits
-    of the weights (12 + 10 + 10 bits; per-row histograms of count and mass), a fixed
+    of the weights (15 + 16 bits; per-row histograms of count and mass), a fixed
     number of full passes with no data-dependent control flow.
 * On the CPU, where reading a tensor costs no synchronisation, work that no row needs is
   skipped; on an accelerator every stage runs unconditionally (sync-free).
@@ -44,8 +44,8 @@ import torch
 CANDIDATES = 128
 # Block size of the two-level cumulative sum.
 BLOCK = 512
-# (shift, width) of the radix levels over the 32 bits of a non-negative float32.
-_RADIX_LEVELS = ((20, 12), (10, 10), (0, 10))
+# (shift, width) of the radix levels over the 31 value bits of a non-negative float32.
+_RADIX_LEVELS = ((16, 15), (0, 16))
 
 _FILTER_ORDERS = ("top_k_first", "joint")
 
@@ -98,76 +98,84 @@ def _first_above(cum: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
     result is capped at the last entry that adds weight (rounding can put ``target`` at
     or past the total). Rows without weight (all zero or NaN) give 0.
     """
-    idx = (cum <= target.unsqueeze(1)).sum(-1)
-    last = (cum < cum[:, -1:]).sum(-1)
-    return torch.minimum(idx, last)
-
-
-def _rev_cumsum_ext(hist: torch.Tensor, above: torch.Tensor) -> torch.Tensor:
-    """(B, n + 1): entry b = ``above`` + sum of hist[b:], entry n = ``above``."""
-    ext = torch.cat([hist, torch.zeros_like(hist[:, :1])], dim=1)
-    return ext.flip(1).cumsum(1).flip(1) + above.unsqueeze(1)
+    idx = torch.searchsorted(cum, target.unsqueeze(1), right=True)
+    last = torch.searchsorted(cum, cum[:, -1:].contiguous())
+    return torch.minimum(idx, last).squeeze(1)
 
 
 def _radix_select(
     weights: torch.Tensor,
-    target: torch.Tensor,
-    by_count: bool,
-    fraction_of_total: bool = False,
+    *,
+    count: torch.Tensor | None = None,
+    fraction: torch.Tensor | None = None,
+    base: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Largest threshold T per row with (count or mass of weights >= T) >= target.
+    """Largest threshold T per row whose kept set ``weights >= T`` is big enough.
 
-    ``weights``: contiguous non-negative float32 (B, V). ``target``: (B,) float32; +inf
-    gives T = 0 (keep everything). With ``fraction_of_total`` the target is a fraction of
-    the row's total mass. Returns (T as float32, mass of weights >= T).
+    Big enough: at least ``count`` tokens, or else at least ``fraction * base`` mass,
+    where a NaN ``base`` (or None) means the row's total mass. A target that cannot be
+    met (+inf) gives T = 0, i.e. keep everything. ``weights``: contiguous non-negative
+    float32 (B, V). Returns (T as float32, mass of weights >= T).
     """
+    by_count = count is not None
     batch = weights.shape[0]
     device = weights.device
     bits = weights.view(torch.int32)
     # Keys are computed in int32 (half the memory traffic), then copied into the int64
-    # index that scatter_add_ requires; both buffers are reused across levels.
+    # index that scatter_add_ requires; both buffers are reused across levels. Keys
+    # count down from the largest value, so a plain cumsum of a histogram is the mass
+    # (or count) of all tokens at or above each bin.
     key32 = torch.empty_like(bits)
     key = torch.empty_like(bits, dtype=torch.int64)
     prefix = torch.zeros(batch, dtype=torch.int64, device=device)
-    above_mass = torch.zeros(batch, dtype=torch.float32, device=device)
-    above_count = torch.zeros_like(above_mass)
     ones = torch.ones(1, dtype=torch.float32, device=device).expand(weights.shape)
-    target = target.clone()
-    suffix_mass = above_mass.unsqueeze(1)
-    choice = prefix
+    target = count.to(torch.float32) if count is not None else None
+    # Flat scratch, viewed per level as a contiguous (batch, bins) histogram.
+    widest = batch * (max(1 << width for _, width in _RADIX_LEVELS) + 2)
+    mass_buf = torch.empty(widest, dtype=torch.float32, device=device)
+    count_buf = torch.empty_like(mass_buf) if by_count else None
+    last = len(_RADIX_LEVELS) - 1
+    cum_mass = mass_buf[:batch].view(batch, 1)
+    first = prefix
+    offset = 0
     for level, (shift, width) in enumerate(_RADIX_LEVELS):
         nbins = 1 << width
         torch.bitwise_right_shift(bits, shift, out=key32)
         if level == 0:
-            # -0.0 and negative NaN have the sign bit set: treat them as 0.
-            key32.clamp_(0, nbins - 1)
-            lo, hi = 0, nbins
-            width_total = nbins
+            # Value bin b -> key nbins-1-b. -0.0 / negative NaN (sign bit) -> bin 0.
+            top = torch.full((batch, 1), nbins - 1, dtype=torch.int32, device=device)
+            torch.sub(top, key32, out=key32).clamp_(0, nbins - 1)
+            offset, total_bins = 0, nbins
         else:
-            # In-bin keys -> 1..nbins; below -> 0; above -> nbins + 1.
-            start = ((prefix << width) - 1).to(torch.int32)
-            key32.sub_(start.unsqueeze(1)).clamp_(0, nbins + 1)
-            lo, hi = 1, nbins + 1
-            width_total = nbins + 2
+            # Inside the chosen bin -> 1..nbins (descending); above -> 0; below ->
+            # nbins + 1.
+            end = ((prefix << width) + nbins).to(torch.int32).unsqueeze(1)
+            torch.sub(end, key32, out=key32).clamp_(0, nbins + 1)
+            offset, total_bins = 1, nbins + 2
         key.copy_(key32)
-        mass = torch.zeros(batch, width_total, dtype=torch.float32, device=device)
-        mass.scatter_add_(1, key, weights)
-        suffix_mass = _rev_cumsum_ext(mass[:, lo:hi], above_mass)
-        if level == 0 and fraction_of_total:
-            target = target * suffix_mass[:, 0]
-        if by_count:
-            count = torch.zeros_like(mass)
-            count.scatter_add_(1, key, ones)
-            suffix_count = _rev_cumsum_ext(count[:, lo:hi], above_count)
-            criterion = suffix_count[:, :nbins]
+        if not by_count or level == last:
+            cum_mass = mass_buf[: batch * total_bins].view(batch, total_bins)
+            cum_mass.zero_()
+            cum_mass.scatter_add_(1, key, weights).cumsum_(1)
+        if count_buf is not None:
+            cum_count = count_buf[: batch * total_bins].view(batch, total_bins)
+            cum_count.zero_().scatter_add_(1, key, ones).cumsum_(1)
+            criterion = cum_count
         else:
-            criterion = suffix_mass[:, :nbins]
-        choice = ((criterion >= target.unsqueeze(1)).sum(-1) - 1).clamp_(min=0)
-        above_mass = suffix_mass.gather(1, (choice + 1).unsqueeze(1)).squeeze(1)
-        if by_count:
-            above_count = suffix_count.gather(1, (choice + 1).unsqueeze(1)).squeeze(1)
-        prefix = (prefix << width) | choice
-    mass_ge = suffix_mass.gather(1, choice.unsqueeze(1)).squeeze(1)
+            if level == 0:
+                assert fraction is not None
+                total = cum_mass[:, -1]
+                if base is not None:
+                    total = torch.where(torch.isnan(base), total, base)
+                target = fraction * total
+            criterion = cum_mass
+        assert target is not None
+        # First (largest-value) bin whose cumulative count/mass reaches the target;
+        # none reaches it -> the lowest bin, i.e. keep everything.
+        first = torch.searchsorted(criterion, target.unsqueeze(1)).squeeze(1)
+        first = first.sub_(offset).clamp_(0, nbins - 1)
+        prefix = (prefix << width) | (nbins - 1 - first)
+    mass_ge = cum_mass.gather(1, (first + offset).unsqueeze(1)).squeeze(1)
     threshold = prefix.to(torch.int32).view(torch.float32)
     return threshold, mass_ge
 
@@ -178,22 +186,21 @@ def radix_threshold(
     p: torch.Tensor | None,
     joint: bool = False,
 ) -> torch.Tensor:
-    """Exact per-row keep-threshold on ``weights`` for top-k then top-p (float32, B)."""
-    batch = weights.shape[0]
+    """Exact per-row keep-threshold on ``weights`` for top-k then top-p (float32, B).
+
+    ``k``/``p`` as from normalize_top_k/_p (``k == vocab``: no top-k). Top-p mass is
+    relative to the top-k mass (``joint``: to the row's total mass).
+    """
+    batch, vocab = weights.shape
     threshold = torch.zeros(batch, dtype=torch.float32, device=weights.device)
-    mass_k: torch.Tensor | None = None
+    base: torch.Tensor | None = None
     if k is not None:
-        threshold, mass_k = _radix_select(weights, k.to(torch.float32), by_count=True)
+        threshold, mass_k = _radix_select(weights, count=k)
+        if not joint:
+            base = torch.where(k < vocab, mass_k, torch.full_like(mass_k, float("nan")))
     if p is not None:
-        inf = torch.full_like(p, float("inf"))
-        if joint or mass_k is None:
-            target = torch.where(p < 1, p, inf)
-            t_p, _ = _radix_select(
-                weights, target, by_count=False, fraction_of_total=True
-            )
-        else:
-            target = torch.where(p < 1, p * mass_k, inf)
-            t_p, _ = _radix_select(weights, target, by_count=False)
+        fraction = torch.where(p < 1, p, torch.full_like(p, float("inf")))
+        t_p, _ = _radix_select(weights, fraction=fraction, base=base)
         threshold = torch.maximum(threshold, t_p)
     return threshold
 
@@ -290,6 +297,8 @@ def plan_filter(
     sums: torch.Tensor | None = None
 
     def full_weights() -> torch.Tensor:
+        # Logits -> exp(logit - row max): unnormalised, on the same scale as the
+        # candidates' weights below, so a row's numbers never depend on its batch.
         nonlocal weights
         if weights is None:
             if not scores_are_logits:
@@ -297,7 +306,7 @@ def plan_filter(
             elif inplace:
                 weights = scores.sub_(scores.amax(-1, keepdim=True)).exp_()
             else:
-                weights = scores.softmax(-1, dtype=torch.float32)
+                weights = (scores - scores.amax(-1, keepdim=True)).exp_()
         return weights
 
     if k is None and p is None:
@@ -317,21 +326,19 @@ def plan_filter(
     every = ncand == vocab
     cand, cand_idx = scores.topk(ncand, dim=-1)
     lowest = cand[:, -1]
+    cand_w = (cand - cand[:, :1]).exp() if scores_are_logits else cand
     no_row = torch.zeros(batch, dtype=torch.bool, device=device)
     k_on = no_row if k is None else k < vocab
     p_on = no_row if p is None else p < 1
     filtered = k_on | p_on
 
-    # Every top-p row without top-k (or all with joint) needs the row's total mass.
+    # Top-p rows without top-k (all top-p rows with joint) need the row's total mass;
+    # unfiltered rows need the full weights anyway.
+    total: torch.Tensor | None = None
     need_total = p is not None and _maybe_any(p_on & (~k_on | joint))
     if need_total or _maybe_any(~filtered):
-        w = full_weights()
-        sums = block_sums(w)
-        total = sums.sum(-1)
-        cand_w = w.gather(1, cand_idx)
-    else:
-        total = None
-        cand_w = (cand - cand[:, :1]).exp() if scores_are_logits else cand
+        sums = block_sums(full_weights())
+        total = sums.cumsum(-1)[:, -1]
 
     kept = torch.ones_like(cand, dtype=torch.bool)
     resolved = torch.ones(batch, dtype=torch.bool, device=device)
