@@ -230,8 +230,8 @@ class Budget:
             f"needed beside = {gib(self.needed_beside_bytes)} "
             f"{'<=' if self.needed_beside_bytes <= self.beside_bytes else '>'} "
             f"{gib(self.beside_bytes)}",
-            f"largest safe utilization = floor((({gib(d)} - "
-            f"{gib(self.needed_beside_bytes)}) / {gib(d)}), 0.01) = "
+            f"largest safe utilization = floor(({gib(d)} - "
+            f"{gib(self.needed_beside_bytes)}) / {gib(d)}, 0.01) = "
             f"{self.max_safe_utilization:.2f}",
         ]
 
@@ -279,7 +279,9 @@ def device_memory_bytes(explicit: int | None = None) -> tuple[int, str]:
             return total, "torch.cuda.get_device_properties(0)"
     except Exception:  # a broken runtime is the devices check's business
         pass
-    return P800_MEMORY_BYTES, "no device visible: assumed one P800 (103.1 GB = 96 GiB)"
+    return P800_MEMORY_BYTES, (
+        "no device visible: assumed a P800, 103.1 GB = 96 GiB (--device-memory-gib)"
+    )
 
 
 def to_finding(budget: Budget, details: dict[str, Any]) -> Finding:
@@ -372,4 +374,6 @@ def check_kv_budget(ctx: Context) -> Finding:
         "dtype": shape.dtype,
         "state_dtype": shape.state_dtype or shape.dtype,
     }
-    return to_finding(budget, details)
+    finding = to_finding(budget, details)
+    finding.details["arithmetic"][0] += f" [{device_source}]"
+    return finding

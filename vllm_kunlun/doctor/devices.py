@@ -98,11 +98,11 @@ def check_devices(
         what = [f"{ctx.dev_root}/xpu{i}" for i in missing]
         if not nodes.has_ctrl:
             what.append(f"{ctx.dev_root}/xpuctrl")
+        kind = "partial device mapping" if nodes.indices else "no device nodes mapped"
         return Finding(
             "devices",
             "fail",
-            f"partial device mapping: driver reports {dev.count} device(s), missing "
-            + ", ".join(what),
+            f"{kind}: driver reports {dev.count} device(s), missing " + ", ".join(what),
             "run the container with every node mapped: add "
             + docker_device_flags(missing, not nodes.has_ctrl),
             details,

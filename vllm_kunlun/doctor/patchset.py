@@ -53,12 +53,15 @@ def check_patchset(ctx: Context, summary: Summary = _engine_summary) -> Finding:
             details,
         )
     if missing:
+        listed = ", ".join(missing[:3]) + (
+            f" (+{len(missing) - 3} more)" if len(missing) > 3 else ""
+        )
         return Finding(
             "patchset",
             "warn",
-            f"patch_torch251 {applied}/{total} applied; not applied: "
-            f"{', '.join(missing)} (vLLM 0.15.1 on torch 2.5.1 needs them for "
-            "torch.compile and structured output)",
+            f"patch_torch251 {applied}/{total} applied; not applied: {listed} "
+            "(vLLM 0.15.1 on torch 2.5.1 needs them for torch.compile and structured "
+            "output)",
             "vllm-kunlun patch apply",
             details,
         )
