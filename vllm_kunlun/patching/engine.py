@@ -608,7 +608,9 @@ def verify(
 _warned = False
 
 
-def warn_if_not_applied(log: Callable[..., None] | None = None) -> None:
+def warn_if_not_applied(
+    log: Callable[..., None] | None = None, root: str | Path | None = None
+) -> None:
     """One warning per process when the set is not fully applied on torch 2.5.1.
 
     Cheap (hashes a handful of files); never raises: engine start must not fail here.
@@ -619,7 +621,7 @@ def warn_if_not_applied(log: Callable[..., None] | None = None) -> None:
     _warned = True
     log = log or logger.warning
     try:
-        report = inspect_tree()
+        report = inspect_tree(root)
     except Exception as exc:
         log("vllm-kunlun: could not check the file patch set: %s", exc)
         return

@@ -166,7 +166,7 @@ def _parse_hunks(lines: list[str], source: Path) -> list[Hunk]:
                     new[-1] = new[-1].removesuffix("\n")
                 i += 1
                 continue
-            if len(old) >= old_n and len(new) >= new_n:
+            if (len(old) >= old_n and len(new) >= new_n) or line.startswith("@@"):
                 break
             # An empty context line whose leading space an editor stripped.
             tag, body = (" ", line) if line == "\n" else (line[:1], line[1:])

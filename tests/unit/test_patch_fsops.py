@@ -1,0 +1,94 @@
+"""Atomic writes and the per-tree lock of the patch engine."""
+
+from __future__ import annotations
+
+import os
+import stat
+from pathlib import Path
+
+import pytest
+
+from vllm_kunlun.patching import fsops
+from vllm_kunlun.patching.errors import LockBusy
+
+
+def _leftovers(directory: Path) -> list[str]:
+    return sorted(p.name for p in directory.iterdir() if fsops.TMP_SUFFIX in p.name)
+
+
+def test_write_atomic_replaces_content_and_keeps_mode(tmp_path: Path) -> None:
+    target = tmp_path / "mod.py"
+    target.write_bytes(b"old\n")
+    os.chmod(target, 0o640)
+    inode = target.stat().st_ino
+    fsops.write_atomic(target, b"new\n")
+    assert target.read_bytes() == b"new\n"
+    assert stat.S_IMODE(target.stat().st_mode) == 0o640
+    assert target.stat().st_ino != inode  # a new file renamed over the old one
+    assert _leftovers(tmp_path) == []
+
+
+def test_write_atomic_failure_leaves_the_file_and_no_temp(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    target = tmp_path / "mod.py"
+    target.write_bytes(b"old\n")
+
+    def refuse(src: str, dst: str) -> None:
+        raise PermissionError(30, "Read-only file system", dst)
+
+    monkeypatch.setattr(os, "replace", refuse)
+    with pytest.raises(PermissionError):
+        fsops.write_atomic(target, b"new\n")
+    assert target.read_bytes() == b"old\n"
+    assert _leftovers(tmp_path) == []
+
+
+def test_write_atomic_drops_stale_bytecode(tmp_path: Path) -> None:
+    target = tmp_path / "mod.py"
+    target.write_bytes(b"x = 1\n")
+    cache = tmp_path / "__pycache__"
+    cache.mkdir()
+    (cache / "mod.cpython-311.pyc").write_bytes(b"stale")
+    (cache / "other.cpython-311.pyc").write_bytes(b"keep")
+    fsops.write_atomic(target, b"x = 2\n")
+    assert sorted(p.name for p in cache.iterdir()) == ["other.cpython-311.pyc"]
+
+
+def test_check_writable(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    target = tmp_path / "mod.py"
+    target.write_bytes(b"x\n")
+    assert fsops.check_writable(target) is None
+    real_access = os.access
+
+    def access(path: os.PathLike[str] | str, mode: int) -> bool:
+        return False if Path(path) == target else real_access(path, mode)
+
+    monkeypatch.setattr(os, "access", access)
+    assert "not writable" in str(fsops.check_writable(target))
+
+
+def test_lock_is_outside_the_package_and_exclusive(tmp_path: Path) -> None:
+    package = tmp_path / "vllm"
+    package.mkdir()
+    path = fsops.lock_path(package)
+    assert package not in path.parents
+    with (
+        fsops.tree_lock(package, exclusive=True),
+        pytest.raises(LockBusy) as err,
+        fsops.tree_lock(package, exclusive=False, timeout=0),
+    ):
+        pass
+    assert f"pid {os.getpid()}" in err.value.reason
+    assert "--lock-timeout" in err.value.fix
+    with (
+        fsops.tree_lock(package, exclusive=False),
+        fsops.tree_lock(package, exclusive=False, timeout=0),
+    ):
+        pass  # readers share
+    assert list(package.iterdir()) == []
+
+
+def test_lock_differs_per_tree(tmp_path: Path) -> None:
+    a, b = tmp_path / "a" / "vllm", tmp_path / "b" / "vllm"
+    assert fsops.lock_path(a) != fsops.lock_path(b)
