@@ -542,8 +542,7 @@ def _change(
             action,
             False,
             targets,
-            f"{ps.name}: {'applied' if forward else 'reverted'} "
-            f"{len(plan)} file(s); {after.summary_line()}",
+            f"{ps.name}: {'applied' if forward else 'reverted'} {len(plan)} file(s)",
             after,
             skipped,
         )
