@@ -121,3 +121,14 @@ def test_cli_rejects_bad_numbers(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit):
         main(["doctor", "--gpu-memory-utilization", "1.5"])
     assert "not in (0, 1]" in capsys.readouterr().err
+
+
+def test_every_check_is_documented() -> None:
+    """docs/doctor.md and the schema name every check the doctor runs."""
+    from pathlib import Path
+
+    docs = (Path(__file__).resolve().parents[2] / "docs" / "doctor.md").read_text()
+    described = json_schema()["$defs"]["finding"]["properties"]["check"]["description"]
+    for name, _ in checks_module.CHECKS:
+        assert f"| `{name}` |" in docs, name
+        assert name in described, name
