@@ -11,6 +11,7 @@ import hashlib
 import importlib.util
 import os
 import shutil
+import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -67,7 +68,8 @@ def sha(path: Path) -> str:
 
 
 @pytest.fixture
-def tree(tmp_path: Path) -> Path:
+def tree(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # lock files go here
     if engine.read_vllm_version(installed_root()) != "0.15.1":
         pytest.skip("needs the installed vLLM 0.15.1")
     if (engine.installed_torch_version() or "").split("+")[0] != "2.5.1":

@@ -10,6 +10,7 @@ because of the files.
 from __future__ import annotations
 
 import json
+import tempfile
 import time
 from pathlib import Path
 
@@ -150,7 +151,10 @@ print("RESULT " + json.dumps(out))
 """
 
 
-def test_patched_tree_imports_and_compiles_on_torch_251(tmp_path: Path) -> None:
+def test_patched_tree_imports_and_compiles_on_torch_251(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # the lock file
     if engine.read_vllm_version(installed_root()) != "0.15.1":
         pytest.skip("needs the installed vLLM 0.15.1")
     if (engine.installed_torch_version() or "").split("+")[0] != "2.5.1":

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import stat
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -68,11 +69,15 @@ def test_check_writable(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None
     assert "not writable" in str(fsops.check_writable(target))
 
 
-def test_lock_is_outside_the_package_and_exclusive(tmp_path: Path) -> None:
+def test_lock_is_outside_the_package_and_exclusive(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
+    (tmp_path / "tmp").mkdir()
     package = tmp_path / "vllm"
     package.mkdir()
     path = fsops.lock_path(package)
-    assert package not in path.parents
+    assert package not in path.parents and path.parent == tmp_path / "tmp"
     with (
         fsops.tree_lock(package, exclusive=True),
         pytest.raises(LockBusy) as err,
