@@ -195,6 +195,33 @@ def test_failure_on_third_write_restores_every_file(
     assert snapshot(tree) == original
 
 
+def test_failure_after_the_rename_is_rolled_back_too(
+    tree: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    original = snapshot(tree)
+    third = tree / TARGETS[2]
+    real = fsops._drop_bytecode
+
+    def drop(path: Path) -> None:
+        if path == third and path.read_bytes() != original[TARGETS[2]]:
+            raise OSError(5, "Input/output error", str(path))
+        real(path)
+
+    monkeypatch.setattr(fsops, "_drop_bytecode", drop)
+    with pytest.raises(PatchFailed, match="3 file"):
+        apply(tree)
+    assert snapshot(tree) == original
+
+
+def test_unusable_lock_directory_is_a_clear_refusal(
+    tree: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(tempfile, "tempdir", str(tree / "no" / "such" / "dir"))
+    with pytest.raises(LockBusy, match="cannot open the lock file") as err:
+        apply(tree)
+    assert "TMPDIR" in err.value.fix
+
+
 def test_failed_restore_is_reported_as_inconsistent(
     tree: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -440,17 +440,17 @@ def _check_writable(plan: list[_Write], action: str) -> None:
 
 def _write_all(plan: list[_Write], action: str, vllm_version: str) -> None:
     """Write every file or none: on any failure restore those already written."""
-    written: list[_Write] = []
     current: _Write | None = None
     try:
         for w in plan:
             current = w
             fsops.write_atomic(w.path, w.new)
-            written.append(w)
-            if sha256_bytes(w.path.read_bytes()) != sha256_bytes(w.new):
+            if w.path.read_bytes() != w.new:
                 raise OSError(f"{w.path} does not read back what was written")
     except BaseException as exc:
-        failed = _roll_back(written)
+        # Every planned file that differs from its old bytes, including one whose
+        # write failed after its rename.
+        restored, failed = _roll_back(plan)
         if failed:
             raise RollbackFailed(
                 ", ".join(str(w.path) for w in failed),
@@ -464,23 +464,27 @@ def _write_all(plan: list[_Write], action: str, vllm_version: str) -> None:
         raise PatchFailed(
             current.path,
             f"{action} failed while writing this file ({exc!r}); the "
-            f"{len(written)} file(s) already written were restored, every file is as "
+            f"{restored} file(s) already written were restored, every file is as "
             "before",
             "fix the cause above (permissions, disk space, read-only mount) and rerun",
         ) from exc
 
 
-def _roll_back(written: list[_Write]) -> list[_Write]:
-    failed = []
-    for w in reversed(written):
+def _roll_back(plan: list[_Write]) -> tuple[int, list[_Write]]:
+    """Put back the old bytes of every planned file that changed; (restored, failed)."""
+    restored, failed = 0, []
+    for w in reversed(plan):
         try:
+            if w.path.read_bytes() == w.old:
+                continue
             fsops.write_atomic(w.path, w.old)
+            restored += 1
             if sha256_bytes(w.path.read_bytes()) != sha256_bytes(w.old):
                 raise OSError("content differs after restore")
         except Exception:
             logger.exception("vllm-kunlun patch: could not restore %s", w.path)
             failed.append(w)
-    return failed
+    return restored, failed
 
 
 def _change(

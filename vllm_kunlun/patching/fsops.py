@@ -10,7 +10,6 @@ stray files.
 from __future__ import annotations
 
 import contextlib
-import errno
 import fcntl
 import hashlib
 import os
@@ -41,10 +40,18 @@ def tree_lock(
     """
     path = lock_path(package_dir)
     try:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
-    except PermissionError:
-        # Created by another user: flock works on a read-only descriptor as well.
-        fd = os.open(path, os.O_RDONLY)
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+        except PermissionError:
+            # Created by another user: flock works on a read-only descriptor too.
+            fd = os.open(path, os.O_RDONLY)
+    except OSError as exc:
+        raise LockBusy(
+            path,
+            f"cannot open the lock file ({exc.strerror or exc})",
+            "set TMPDIR to a writable directory (the lock lives in the temp "
+            "directory, not next to the package)",
+        ) from exc
     mode = fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH
     deadline = time.monotonic() + timeout
     try:
@@ -133,10 +140,9 @@ def _fsync_dir(directory: Path) -> None:
     except OSError:
         return
     try:
-        os.fsync(fd)
-    except OSError as exc:  # some file systems refuse fsync on directories
-        if exc.errno not in (errno.EINVAL, errno.EBADF):
-            raise
+        # Durability of the rename only; some file systems refuse it on directories.
+        with contextlib.suppress(OSError):
+            os.fsync(fd)
     finally:
         os.close(fd)
 
