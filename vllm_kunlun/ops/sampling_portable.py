@@ -15,9 +15,9 @@ How, without sorting the vocabulary and without a host/device synchronisation:
   - First ``topk(C)`` with a small static ``C`` (128): when the top-k set and the top-p
     nucleus lie inside those candidates (the common case: top_k <= 128, peaked
     distributions), the row is sampled among its candidates and nothing else is read.
-  - Otherwise the exact threshold comes from a 3-level radix select over the float bits
-    of the weights (15 + 16 bits; per-row histograms of count and mass), a fixed
-    number of full passes with no data-dependent control flow.
+  - Otherwise the exact threshold comes from a radix select over the float bits
+    of the weights (per-row histograms of count and mass over 2 to 4 levels of bits,
+    by vocabulary size), a fixed number of full passes, no data-dependent control flow.
 * On the CPU, where reading a tensor costs no synchronisation, work that no row needs is
   skipped; on an accelerator every stage runs unconditionally (sync-free).
 
@@ -44,8 +44,21 @@ import torch
 CANDIDATES = 128
 # Block size of the two-level cumulative sum.
 BLOCK = 512
-# (shift, width) of the radix levels over the 31 value bits of a non-negative float32.
-_RADIX_LEVELS = ((16, 15), (0, 16))
+
+
+def radix_levels(vocab: int) -> tuple[tuple[int, int], ...]:
+    """(shift, width) per radix level over the 31 value bits of a non-negative float32.
+
+    Each level costs a few passes over the data and a (batch, 2**width) histogram:
+    wide levels for large vocabularies (fewer passes), narrow ones for small
+    vocabularies (so the histograms never dwarf the data).
+    """
+    if vocab >= 1 << 16:
+        return ((16, 15), (0, 16))
+    if vocab >= 1 << 10:
+        return ((20, 11), (10, 10), (0, 10))
+    return ((24, 7), (16, 8), (8, 8), (0, 8))
+
 
 _FILTER_ORDERS = ("top_k_first", "joint")
 
@@ -96,11 +109,12 @@ def _first_above(cum: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
 
     Never lands on a zero-weight entry: ``target`` >= 0 skips leading zeros, and the
     result is capped at the last entry that adds weight (rounding can put ``target`` at
-    or past the total). Rows without weight (all zero or NaN) give 0.
+    or past the total). Rows without weight (all zero or NaN) get some valid index;
+    callers map them to token 0.
     """
     idx = torch.searchsorted(cum, target.unsqueeze(1), right=True)
     last = torch.searchsorted(cum, cum[:, -1:].contiguous())
-    return torch.minimum(idx, last).squeeze(1)
+    return torch.minimum(idx, last).squeeze(1).clamp_(0, cum.shape[1] - 1)
 
 
 def _radix_select(
@@ -131,14 +145,15 @@ def _radix_select(
     ones = torch.ones(1, dtype=torch.float32, device=device).expand(weights.shape)
     target = count.to(torch.float32) if count is not None else None
     # Flat scratch, viewed per level as a contiguous (batch, bins) histogram.
-    widest = batch * (max(1 << width for _, width in _RADIX_LEVELS) + 2)
+    levels = radix_levels(weights.shape[1])
+    widest = batch * (max(1 << width for _, width in levels) + 2)
     mass_buf = torch.empty(widest, dtype=torch.float32, device=device)
     count_buf = torch.empty_like(mass_buf) if by_count else None
-    last = len(_RADIX_LEVELS) - 1
+    last = len(levels) - 1
     cum_mass = mass_buf[:batch].view(batch, 1)
     first = prefix
     offset = 0
-    for level, (shift, width) in enumerate(_RADIX_LEVELS):
+    for level, (shift, width) in enumerate(levels):
         nbins = 1 << width
         torch.bitwise_right_shift(bits, shift, out=key32)
         if level == 0:
@@ -252,7 +267,9 @@ def sample_full(
     valid = cols < vocab
     vals = masked.gather(1, cols.clamp(max=vocab - 1)) * valid
     offset = _first_above(vals.cumsum(-1), rest)
-    return chosen * block + offset
+    tokens = chosen * block + offset
+    # No distribution (NaN / all -inf / all zero): token 0, documented.
+    return torch.where(cum[:, -1] > 0, tokens, torch.zeros_like(tokens))
 
 
 @dataclass
