@@ -11,6 +11,7 @@ import os
 import sys
 
 from setuptools import find_packages, setup
+from setuptools.command.build_py import build_py
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -54,7 +55,20 @@ def _ext_modules_and_cmdclass():
     return [ext], {"build_ext": BuildExtension.with_options(use_ninja=True)}
 
 
+class BuildPyWithPatches(build_py):
+    """Ship patches/ inside the wheel as vllm_kunlun/_patches, so that
+    `vllm-kunlun patch apply` works from a non-editable install too."""
+
+    def run(self):
+        super().run()
+        if self.editable_mode:
+            return  # the source checkout's patches/ is found directly
+        src = os.path.join(HERE, "patches")
+        self.copy_tree(src, os.path.join(self.build_lib, "vllm_kunlun", "_patches"))
+
+
 ext_modules, cmdclass = _ext_modules_and_cmdclass()
+cmdclass["build_py"] = BuildPyWithPatches
 
 setup(
     name="vllm-kunlun",
@@ -65,7 +79,7 @@ setup(
     license="Apache-2.0",
     python_requires=">=3.10,<3.13",
     packages=find_packages(include=["vllm_kunlun", "vllm_kunlun.*"]),
-    package_data={"vllm_kunlun": ["py.typed"]},
+    package_data={"vllm_kunlun": ["py.typed", "doctor/schema.json"]},
     # The stack (vllm, torch, transformers) is pinned in requirements/*.lock and
     # installed by scripts/setup.sh: vllm must go in with --no-deps, which package
     # metadata cannot express.

@@ -97,11 +97,16 @@ def sha256_bytes(data: bytes) -> str:
 
 
 def default_set_dir() -> Path:
-    """``VLLM_KUNLUN_PATCH_DIR``, else ``patches/<set>`` of the source checkout."""
+    """``VLLM_KUNLUN_PATCH_DIR``; else ``patches/<set>`` of the source checkout
+    (editable installs); else the copy a wheel carries in ``vllm_kunlun/_patches``."""
     configured = envs.VLLM_KUNLUN_PATCH_DIR
     if configured:
         return Path(configured)
-    return Path(__file__).resolve().parents[2] / "patches" / SET_DIR_NAME
+    package = Path(__file__).resolve().parents[1]
+    checkout = package.parent / "patches" / SET_DIR_NAME
+    if checkout.is_dir():
+        return checkout
+    return package / "_patches" / SET_DIR_NAME
 
 
 def _parse_header(lines: list[str], source: Path) -> dict[str, str]:
