@@ -17,6 +17,7 @@ SUBCOMMAND_MODULES = (
     "vllm_kunlun.doctor.cli",
     "vllm_kunlun.versions_cli",
     "vllm_kunlun.patching.cli",
+    "vllm_kunlun.demo_cli",
 )
 
 

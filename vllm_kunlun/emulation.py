@@ -157,8 +157,10 @@ class KunlunHostEmulationPlatform(KunlunPlatformBase):
     def check_and_update_config(cls, vllm_config: VllmConfig) -> None:
         from vllm_kunlun.config_defaults import apply_kunlun_defaults
         from vllm_kunlun.emulation_defaults import apply_emulation_defaults
+        from vllm_kunlun.guards import check_engine_config
 
         apply_emulation_defaults(vllm_config)
-        # Then the same defaults as on Kunlun (fusion passes off, LoRA refused, ...);
-        # the worker class is already set, so theirs does not apply.
+        # Then the same defaults and engine-start guards as on Kunlun (fusion passes
+        # off, LoRA refused, stack check, ...); the worker class is already set.
         apply_kunlun_defaults(vllm_config)
+        check_engine_config(vllm_config)

@@ -18,7 +18,7 @@ if TYPE_CHECKING:
 
 logger = init_logger(__name__)
 
-WORKER_CLS = "vllm.v1.worker.cpu_worker.CPUWorker"
+WORKER_CLS = "vllm_kunlun.emulation_worker.EmulationWorker"
 BLOCK_SIZE = 16
 
 
@@ -43,7 +43,12 @@ def apply_emulation_defaults(vllm_config: VllmConfig) -> None:
 
     parallel = vllm_config.parallel_config
     if parallel.worker_cls == "auto":
-        _set(parallel, "worker_cls", WORKER_CLS, "vLLM's CPU worker and model runner")
+        _set(
+            parallel,
+            "worker_cls",
+            WORKER_CLS,
+            "vLLM's CPU worker and model runner, adapted to run without vllm._C",
+        )
 
     cache = vllm_config.cache_config
     if cache.block_size is None:

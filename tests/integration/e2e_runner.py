@@ -1,0 +1,128 @@
+"""Run generation jobs through vLLM's engine (or transformers) and write JSON results.
+
+Used by test_e2e_emulation.py as ``python e2e_runner.py SPEC.json OUT.json`` in a fresh
+interpreter, so that an engine crash cannot take pytest down and its memory is returned.
+The engine is started inside ``run_vllm`` (never at import): vLLM's engine processes are
+spawned and re-import this file as their main module, which the ``__main__`` guard
+keeps inert.
+
+Spec: {"backend": "vllm" | "hf", "model": DIR, "llm": {LLM kwargs},
+       "guard_exponential": bool (also runs the engine core in this process),
+       "jobs": [{"name": str, "requests": [{"prompt": str, "max_tokens": int,
+                 "sampling": {SamplingParams kwargs}}]}],
+       "hf_jobs": [jobs for a transformers greedy reference after the engine jobs]}
+Result: {"jobs": {name: [{"prompt_token_ids", "token_ids", "text",
+         "num_cached_tokens"}]}, "hf": {name: [...]}, "exponential_calls": [stack],
+         "serving": [...], "error": str | None}
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import traceback
+from typing import Any
+
+
+class ExponentialCalled(RuntimeError):
+    """Tensor.exponential_ ran: on Kunlun it has no device kernel (CPU fallback)."""
+
+
+def install_exponential_guard(calls: list[str]) -> None:
+    """Make every ``Tensor.exponential_`` in this process record its caller and fail."""
+    import torch
+
+    def guarded(self: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+        stack = "".join(traceback.format_stack(limit=8)[:-1])
+        calls.append(stack)
+        raise ExponentialCalled(
+            "Tensor.exponential_ was called during the run (it has no device kernel "
+            "on Kunlun and silently runs on the CPU); caller:\n" + stack
+        )
+
+    torch.Tensor.exponential_ = guarded  # type: ignore[method-assign]
+
+
+def run_vllm(spec: dict[str, Any]) -> dict[str, Any]:
+    calls: list[str] = []
+    if spec.get("guard_exponential"):
+        # The engine core must run in this process for the guard to see it.
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+        install_exponential_guard(calls)
+    result: dict[str, Any] = {"jobs": {}, "exponential_calls": calls, "error": None}
+    try:
+        from vllm import LLM, SamplingParams
+
+        from vllm_kunlun.serving_info import SERVING_INFO_METHOD, WORKER_EXTENSION
+
+        llm = LLM(
+            model=spec["model"], worker_extension_cls=WORKER_EXTENSION, **spec["llm"]
+        )
+        result["serving"] = llm.collective_rpc(SERVING_INFO_METHOD)
+        for job in spec["jobs"]:
+            requests = job["requests"]
+            params = [
+                SamplingParams(
+                    max_tokens=r["max_tokens"], ignore_eos=True, **r.get("sampling", {})
+                )
+                for r in requests
+            ]
+            outputs = llm.generate(
+                [r["prompt"] for r in requests], params, use_tqdm=False
+            )
+            result["jobs"][job["name"]] = [
+                {
+                    "prompt_token_ids": list(o.prompt_token_ids or []),
+                    "token_ids": list(o.outputs[0].token_ids),
+                    "text": o.outputs[0].text,
+                    "num_cached_tokens": int(o.num_cached_tokens or 0),
+                }
+                for o in outputs
+            ]
+        if spec.get("hf_jobs"):
+            # transformers is already imported by vLLM: the reference costs only its
+            # forward passes here.
+            result["hf"] = run_hf({**spec, "jobs": spec["hf_jobs"]})["jobs"]
+    except Exception as exc:
+        result["error"] = f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}"
+    return result
+
+
+def run_hf(spec: dict[str, Any]) -> dict[str, Any]:
+    """Greedy reference: full recompute each step, float32, argmax of the last logit."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(spec["model"])
+    model = AutoModelForCausalLM.from_pretrained(spec["model"], dtype=torch.float32)
+    model.eval()
+    result: dict[str, Any] = {"jobs": {}, "error": None}
+    for job in spec["jobs"]:
+        rows = []
+        for r in job["requests"]:
+            prompt_ids = tokenizer(r["prompt"])["input_ids"]
+            ids = torch.tensor([prompt_ids])
+            out: list[int] = []
+            with torch.no_grad():
+                for _ in range(r["max_tokens"]):
+                    nxt = int(model(ids).logits[0, -1].argmax())
+                    out.append(nxt)
+                    ids = torch.cat([ids, torch.tensor([[nxt]])], dim=1)
+            rows.append({"prompt_token_ids": prompt_ids, "token_ids": out})
+        result["jobs"][job["name"]] = rows
+    return result
+
+
+def main(argv: list[str]) -> int:
+    spec_path, out_path = argv
+    with open(spec_path) as f:
+        spec = json.load(f)
+    result = run_hf(spec) if spec["backend"] == "hf" else run_vllm(spec)
+    with open(out_path, "w") as f:
+        json.dump(result, f)
+    return 1 if result.get("error") else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

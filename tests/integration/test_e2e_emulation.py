@@ -1,0 +1,286 @@
+"""End to end in host emulation: vLLM 0.15.1's engine generates through the plugin.
+
+Every engine runs in its own interpreter (``e2e_runner.py`` or the ``vllm-kunlun demo``
+command), on the tiny Qwen3 checkpoint built locally. The reference is transformers'
+greedy decoding of the same checkpoint.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.conftest import REPO, child_env, run_python
+from vllm_kunlun.demo import DEFAULT_PROMPTS
+from vllm_kunlun.tiny_model import vocabulary, write_tiny_model
+
+pytestmark = pytest.mark.slow
+
+RUNNER = Path(__file__).with_name("e2e_runner.py")
+EMULATION = {"VLLM_KUNLUN_HOST_EMULATION": "1", "VLLM_LOGGING_LEVEL": "INFO"}
+
+BLOCK_SIZE = 16
+TOKEN_BUDGET = 32  # max_num_batched_tokens: longer prompts are prefilled in chunks
+LLM_ARGS = {
+    "dtype": "float32",
+    "max_model_len": 512,
+    "max_num_batched_tokens": TOKEN_BUDGET,
+    "max_num_seqs": 8,
+    "block_size": BLOCK_SIZE,
+    "enable_prefix_caching": True,
+    "enable_chunked_prefill": True,
+    "seed": 0,
+}
+
+_WORDS = [w for w in vocabulary() if w.isalpha()]
+LONG_PROMPT = " ".join(_WORDS[(7 * i) % len(_WORDS)] for i in range(100))
+PREFIX = " ".join(_WORDS[(5 * i + 3) % len(_WORDS)] for i in range(40))
+GREEDY_TOKENS = 16
+GREEDY_PROMPTS = [
+    "the quick brown fox jumps over the lazy dog",
+    "one two three",
+    LONG_PROMPT,
+    PREFIX + " red green blue",
+    PREFIX + " one two three four",
+    "kunlun",
+]
+DEMO_TOKENS = 12
+
+
+def req(prompt: str, max_tokens: int, **sampling: Any) -> dict[str, Any]:
+    """A request; greedy unless ``sampling`` says otherwise."""
+    sampling = {"temperature": 0.0, **sampling}
+    return {"prompt": prompt, "max_tokens": max_tokens, "sampling": sampling}
+
+
+GREEDY_JOBS = [
+    # Puts PREFIX's blocks into the prefix cache before the batch that reuses them.
+    {"name": "warm_prefix", "requests": [req(PREFIX + " quick brown fox", 4)]},
+    {"name": "greedy", "requests": [req(p, GREEDY_TOKENS) for p in GREEDY_PROMPTS]},
+]
+SEEDED_LONG = req(LONG_PROMPT, 12, temperature=0.7, top_k=3, top_p=0.8, seed=44)
+SEEDED_A = {
+    "name": "seeded_a",
+    "requests": [
+        # First in line: prefilled in chunks of 32, 32, 32, 4 (3 discarded samples).
+        SEEDED_LONG,
+        req("the quick brown fox", 12, temperature=1.0, seed=11),
+        req("one two three", 12, temperature=0.8, top_k=5, seed=22),
+        req("each layer has its own key value cache", 12, temperature=1.0),  # no seed
+        req("a long river", 12, temperature=1.0, top_p=0.9, seed=33),
+        req("the quick brown fox", 12, temperature=1.0, seed=12),
+    ],
+}
+# The same seeded requests with other companions, in another order. Behind a 30-token
+# prompt the long one is prefilled as 2, 31, 31, 31, 5 (4 discarded samples): its draws
+# must not depend on how its prompt was chunked.
+SEEDED_B = {
+    "name": "seeded_b",
+    "requests": [
+        req(" ".join(_WORDS[:30]), 12, temperature=1.0),
+        SEEDED_LONG,
+        req("night and day", 12, temperature=1.0),
+        req("a long river", 12, temperature=1.0, top_p=0.9, seed=33),
+        req("the quick brown fox", 12, temperature=1.0, seed=11),
+        req("one two three", 12, temperature=0.8, top_k=5, seed=22),
+    ],
+}
+
+
+def run_spec(spec: dict[str, Any], tmp: Path, name: str, timeout: float = 300) -> dict:
+    spec_path, out_path = tmp / f"{name}.spec.json", tmp / f"{name}.out.json"
+    spec_path.write_text(json.dumps(spec))
+    proc = subprocess.run(
+        [sys.executable, str(RUNNER), str(spec_path), str(out_path)],
+        env=child_env(EMULATION),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=REPO,
+    )
+    result = json.loads(out_path.read_text()) if out_path.exists() else {}
+    if proc.returncode != 0 or result.get("error"):
+        pytest.fail(
+            f"{name}: exit {proc.returncode}\n{result.get('error')}\n"
+            f"--- stderr tail ---\n{proc.stderr[-4000:]}\n"
+            f"--- stdout tail ---\n{proc.stdout[-3000:]}"
+        )
+    return result
+
+
+@pytest.fixture(scope="module")
+def work(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("e2e")
+
+
+@pytest.fixture(scope="module")
+def model_dir(work: Path) -> str:
+    return str(write_tiny_model(work / "tiny-qwen3"))
+
+
+@pytest.fixture(scope="module")
+def run1(model_dir: str, work: Path) -> dict:
+    """In-process engine (the guard covers the engine core): greedy, then seeded;
+    then transformers' greedy reference in the same interpreter."""
+    demo = {"name": "demo", "requests": [req(p, DEMO_TOKENS) for p in DEFAULT_PROMPTS]}
+    spec = {
+        "backend": "vllm",
+        "model": model_dir,
+        "llm": LLM_ARGS,
+        "guard_exponential": True,
+        "jobs": [*GREEDY_JOBS, SEEDED_A],
+        "hf_jobs": [*GREEDY_JOBS, demo],
+    }
+    return run_spec(spec, work, "run1")
+
+
+@pytest.fixture(scope="module")
+def hf(run1: dict) -> dict:
+    return run1["hf"]
+
+
+@pytest.fixture(scope="module")
+def run2(model_dir: str, work: Path) -> dict:
+    """A second engine run: the seeded batch again, then the same seeds elsewhere."""
+    spec = {
+        "backend": "vllm",
+        "model": model_dir,
+        "llm": LLM_ARGS,
+        "guard_exponential": True,
+        "jobs": [SEEDED_A, SEEDED_B],
+    }
+    return run_spec(spec, work, "run2")
+
+
+def test_tiny_model_is_not_degenerate(hf: dict) -> None:
+    # An untied tiny model does not just repeat a token: the greedy test is strong.
+    for row in hf["greedy"]:
+        assert len(set(row["token_ids"])) >= GREEDY_TOKENS // 2, row
+
+
+def test_greedy_matches_transformers_token_for_token(run1: dict, hf: dict) -> None:
+    for job in ("warm_prefix", "greedy"):
+        for got, want in zip(run1["jobs"][job], hf[job], strict=True):
+            assert got["prompt_token_ids"] == want["prompt_token_ids"]
+            assert got["token_ids"] == want["token_ids"], got["text"]
+
+
+def test_chunked_prefill_and_prefix_cache_were_exercised(run1: dict) -> None:
+    greedy = run1["jobs"]["greedy"]
+    long_row = greedy[GREEDY_PROMPTS.index(LONG_PROMPT)]
+    assert len(long_row["prompt_token_ids"]) > TOKEN_BUDGET  # needs several steps
+    for i, prompt in enumerate(GREEDY_PROMPTS):
+        if prompt.startswith(PREFIX):
+            # At least the two full blocks of the shared 40-token prefix were reused.
+            assert greedy[i]["num_cached_tokens"] >= 2 * BLOCK_SIZE, greedy[i]
+
+
+def test_serving_path_is_the_plugins(run1: dict) -> None:
+    (info,) = run1["serving"]
+    assert info["platform"] == "vllm_kunlun.emulation.KunlunHostEmulationPlatform"
+    assert info["attention_impls"] == [
+        "vllm_kunlun.attention.backend.PortableAttentionImpl"
+    ]
+
+
+def test_no_exponential_during_the_whole_run(run1: dict, run2: dict) -> None:
+    assert run1["exponential_calls"] == []
+    assert run2["exponential_calls"] == []
+
+
+def test_decode_loop_uses_the_plugins_sampler(run1: dict) -> None:
+    (info,) = run1["serving"]
+    assert str(info["topk_topp_forward"]).startswith("vllm_kunlun."), info
+
+
+def test_seeded_sampling_is_reproducible_across_engine_runs(
+    run1: dict, run2: dict
+) -> None:
+    first, second = run1["jobs"]["seeded_a"], run2["jobs"]["seeded_a"]
+    for i, r in enumerate(SEEDED_A["requests"]):
+        if "seed" in r["sampling"]:
+            assert first[i]["token_ids"] == second[i]["token_ids"], r
+
+
+def test_seeded_sampling_ignores_the_rest_of_the_batch(run1: dict, run2: dict) -> None:
+    a_reqs, b_reqs = SEEDED_A["requests"], SEEDED_B["requests"]
+    a_out, b_out = run1["jobs"]["seeded_a"], run2["jobs"]["seeded_b"]
+    matched = 0
+    for j, rb in enumerate(b_reqs):
+        for i, ra in enumerate(a_reqs):
+            if "seed" in rb["sampling"] and ra == rb:
+                assert b_out[j]["token_ids"] == a_out[i]["token_ids"], rb
+                matched += 1
+    assert matched == 4
+
+
+def test_seeded_sampling_actually_samples(run1: dict, hf: dict) -> None:
+    rows = run1["jobs"]["seeded_a"]
+    # Different seeds, same prompt and settings: different draws.
+    assert rows[1]["token_ids"] != rows[5]["token_ids"]
+    # Temperature 1 over 12 tokens is not the greedy continuation.
+    greedy_fox = hf["greedy"][0]["token_ids"][:12]
+    assert rows[1]["token_ids"] != greedy_fox
+
+
+def test_demo_runs_the_multiprocessing_engine(work: Path, hf: dict) -> None:
+    """``vllm-kunlun demo`` on a host without Kunlun: switches to host emulation by
+    itself, runs the engine core in its own (spawned) process, and generates the
+    transformers greedy tokens."""
+    out = work / "demo.json"
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "vllm_kunlun.cli",
+            "demo",
+            "--max-tokens",
+            str(DEMO_TOKENS),
+            "--json-out",
+            str(out),
+        ],
+        # No fake torch_xmlir and no VLLM_KUNLUN_* variables: a plain CPU host.
+        env=child_env({"XDG_CACHE_HOME": str(work / "xdg")}, fakes=False),
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=REPO,
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:] + proc.stdout[-3000:]
+    report = json.loads(out.read_text())
+    assert report["emulation"] is True
+    assert "no Kunlun device detected" in report["platform_choice"]
+    assert report["model"].startswith(str(work / "xdg"))
+    (info,) = report["serving"]
+    assert report["engine_mode"] == "multiprocessing"
+    assert info["pid"] != report["demo_pid"]  # the engine core ran elsewhere
+    assert info["platform"].endswith("KunlunHostEmulationPlatform")
+    assert any("PortableAttentionBackend" in b for b in info["attention_backends"])
+    got = [g["token_ids"] for g in report["generations"]]
+    assert got == [row["token_ids"] for row in hf["demo"]]
+    assert report["output_tokens"] == DEMO_TOKENS * len(DEFAULT_PROMPTS)
+    assert report["output_tokens_per_s"] > 0
+    assert "HOST EMULATION" in proc.stdout + proc.stderr  # the platform's banner
+
+
+def test_engine_start_guard_names_the_missing_model_path(tmp_path: Path) -> None:
+    # The log's case: a shorthand for a directory that exists under a longer name.
+    (tmp_path / "models" / "Qwen3.8-27B-W8A8-INT8-Dynamic").mkdir(parents=True)
+    proc = run_python(
+        """
+        from vllm import LLM
+        LLM(model="models/Qwen3.8", max_model_len=256)
+        """,
+        env=EMULATION,
+        cwd=tmp_path,
+        timeout=300,
+    )
+    assert proc.returncode != 0
+    assert "ModelPathError" in proc.stderr, proc.stderr[-3000:]
+    assert "models/Qwen3.8-27B-W8A8-INT8-Dynamic" in proc.stderr
+    assert "huggingface_hub.errors.HFValidationError" not in proc.stderr

@@ -1,0 +1,163 @@
+"""The demo job: vLLM's engine generating through the plugin, on whatever this host has.
+
+Why: one command has to prove the whole path on a fresh machine (engine start, worker,
+model runner, attention, the plugin's sampler in the decode loop) and say what served
+it. On a Kunlun host that is KunlunPlatform; elsewhere the demo switches this process
+(and the engine processes it starts) to host emulation and says so. The default model
+is the tiny Qwen3 built locally, so nothing is downloaded.
+
+The engine is started inside ``run_demo`` (an importable function), never at import
+time: vLLM's engine processes are spawned and re-import the caller's main module.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+# Every word is in the tiny model's vocabulary (a test checks it).
+DEFAULT_PROMPTS = (
+    "the quick brown fox jumps over the lazy dog",
+    "the kunlun engine can decode one token at a time",
+    "each layer has its own key value cache",
+    "one two three four five",
+)
+EMULATION_ENV = "VLLM_KUNLUN_HOST_EMULATION"
+
+
+@dataclass(frozen=True)
+class PlatformChoice:
+    emulation: bool
+    reason: str
+
+
+@dataclass
+class Generation:
+    prompt: str
+    text: str
+    token_ids: list[int]
+    num_cached_tokens: int
+
+
+@dataclass
+class DemoReport:
+    platform_choice: str
+    emulation: bool
+    model: str
+    engine_mode: str
+    import_s: float
+    engine_start_s: float
+    generate_s: float
+    prompt_tokens: int
+    output_tokens: int
+    output_tokens_per_s: float
+    generations: list[Generation] = field(default_factory=list)
+    serving: list[dict[str, Any]] = field(default_factory=list)
+    demo_pid: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def choose_platform() -> PlatformChoice:
+    """Kunlun when a device is present (or the platform is forced), else emulation."""
+    from vllm_kunlun import envs
+    from vllm_kunlun.device import probe_devices
+
+    if envs.VLLM_KUNLUN_HOST_EMULATION:
+        return PlatformChoice(True, f"{EMULATION_ENV}=1 is set")
+    probe = probe_devices()
+    if probe.count > 0:
+        return PlatformChoice(False, f"{probe.count} Kunlun device(s) ({probe.source})")
+    if envs.VLLM_KUNLUN_FORCE_PLATFORM:
+        return PlatformChoice(False, "VLLM_KUNLUN_FORCE_PLATFORM=1 is set")
+    return PlatformChoice(
+        True,
+        f"no Kunlun device detected ({probe.source}); host emulation enabled for this "
+        f"process and the engine processes it starts ({EMULATION_ENV}=1)",
+    )
+
+
+def run_demo(
+    model: str | None = None,
+    prompts: tuple[str, ...] | list[str] = DEFAULT_PROMPTS,
+    max_tokens: int = 32,
+    temperature: float = 0.0,
+    seed: int = 0,
+    in_process: bool = False,
+    max_model_len: int = 512,
+) -> DemoReport:
+    """Start vLLM's engine through the plugin, generate, and report what served it."""
+    choice = choose_platform()
+    if choice.emulation:
+        os.environ[EMULATION_ENV] = "1"  # before vLLM resolves its platform
+    if in_process:
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+
+    from vllm_kunlun.serving_info import SERVING_INFO_METHOD, WORKER_EXTENSION
+    from vllm_kunlun.tiny_model import default_cache_dir, ensure_tiny_model
+
+    tiny = model is None
+    model_dir = str(ensure_tiny_model(default_cache_dir())) if tiny else str(model)
+
+    t0 = time.perf_counter()
+    from vllm import LLM, SamplingParams
+
+    import_s = time.perf_counter() - t0
+    kwargs: dict[str, Any] = {}
+    if tiny:
+        # vLLM's "auto" would downcast a float32 checkpoint to 16 bits.
+        kwargs["dtype"] = "float32"
+        if not choice.emulation:
+            kwargs["kv_cache_memory_bytes"] = 1 << 30  # no 90 GB cache for it
+    t0 = time.perf_counter()
+    llm = LLM(
+        model=model_dir,
+        max_model_len=max_model_len,
+        enforce_eager=True,
+        seed=seed,
+        worker_extension_cls=WORKER_EXTENSION,
+        **kwargs,
+    )
+    engine_start_s = time.perf_counter() - t0
+
+    params = SamplingParams(
+        temperature=temperature, seed=seed, max_tokens=max_tokens, ignore_eos=True
+    )
+    # One short untimed request: the first step pays one-off costs (allocator, lazy
+    # imports) that are no part of the steady-state rate.
+    warm_up = params.clone()
+    warm_up.max_tokens = 2
+    llm.generate(list(prompts[:1]), warm_up, use_tqdm=False)
+    t0 = time.perf_counter()
+    outputs = llm.generate(list(prompts), params, use_tqdm=False)
+    generate_s = time.perf_counter() - t0
+    serving = llm.collective_rpc(SERVING_INFO_METHOD)
+
+    generations = [
+        Generation(
+            prompt=str(o.prompt),
+            text=o.outputs[0].text,
+            token_ids=list(o.outputs[0].token_ids),
+            num_cached_tokens=int(o.num_cached_tokens or 0),
+        )
+        for o in outputs
+    ]
+    output_tokens = sum(len(g.token_ids) for g in generations)
+    return DemoReport(
+        platform_choice=choice.reason,
+        emulation=choice.emulation,
+        model=model_dir,
+        engine_mode="in-process" if in_process else "multiprocessing",
+        import_s=round(import_s, 3),
+        engine_start_s=round(engine_start_s, 3),
+        generate_s=round(generate_s, 3),
+        prompt_tokens=sum(len(o.prompt_token_ids or []) for o in outputs),
+        output_tokens=output_tokens,
+        output_tokens_per_s=round(output_tokens / generate_s, 1) if generate_s else 0.0,
+        generations=generations,
+        serving=list(serving),
+        demo_pid=os.getpid(),
+    )

@@ -1,0 +1,103 @@
+"""``vllm-kunlun demo`` and ``vllm-kunlun tiny-model DIR``.
+
+Importing this module stays cheap (no torch, no vLLM): the CLI imports every subcommand
+module to build its parser.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+
+def add_parser(sub: Any) -> None:
+    p = sub.add_parser(
+        "demo",
+        help="start vLLM's engine through the plugin and generate (tiny local model)",
+        description="Builds the tiny Qwen3 model into the cache directory (no "
+        "download), starts vLLM's engine through the plugin (KunlunPlatform on a "
+        "Kunlun host, host emulation elsewhere), generates, and reports tokens/s and "
+        "what served the requests.",
+    )
+    p.add_argument("--model", help="a local model directory instead of the tiny model")
+    p.add_argument("--prompt", action="append", help="a prompt (repeatable)")
+    p.add_argument("--max-tokens", type=int, default=32)
+    p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--max-model-len", type=int, default=512)
+    p.add_argument(
+        "--in-process",
+        action="store_true",
+        help="run the engine core in this process (VLLM_ENABLE_V1_MULTIPROCESSING=0)",
+    )
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.add_argument(
+        "--json-out", metavar="FILE", help="also write the report as JSON to FILE"
+    )
+    p.set_defaults(func=run_demo_command)
+
+    t = sub.add_parser(
+        "tiny-model",
+        help="write the deterministic tiny Qwen3 checkpoint and tokenizer",
+    )
+    t.add_argument("directory", help="where to write it (created if needed)")
+    t.set_defaults(func=run_tiny_model_command)
+
+
+def run_tiny_model_command(args: argparse.Namespace) -> int:
+    from vllm_kunlun.tiny_model import checksum, write_tiny_model
+
+    out = write_tiny_model(args.directory)
+    print(f"tiny Qwen3 written to {out} (sha256 {checksum(out)[:16]})")
+    return 0
+
+
+def _print_report(report: Any) -> None:
+    mode = "HOST EMULATION" if report.emulation else "Kunlun"
+    print(f"platform choice : {mode}: {report.platform_choice}")
+    print(f"model           : {report.model}")
+    print(
+        f"engine          : {report.engine_mode}, started in {report.engine_start_s:.2f} s"
+    )
+    for info in report.serving:
+        print(f"platform        : {info.get('platform')} ({info.get('device_name')})")
+        print(f"attention       : {', '.join(info.get('attention_backends') or [])}")
+        print(f"sampler         : {info.get('topk_topp_forward')}")
+    print()
+    for g in report.generations:
+        print(f"> {g.prompt}")
+        print(f"  {g.text.strip()}")
+    print()
+    print(
+        f"{report.output_tokens} tokens for {len(report.generations)} prompts in "
+        f"{report.generate_s:.2f} s: {report.output_tokens_per_s:.1f} output tokens/s"
+    )
+    if report.emulation:
+        print("(host emulation: the CPU did the work; this is no Kunlun measurement)")
+
+
+def run_demo_command(args: argparse.Namespace) -> int:
+    from vllm_kunlun.demo import DEFAULT_PROMPTS, choose_platform, run_demo
+
+    choice = choose_platform()
+    if not args.json:
+        mode = "host emulation" if choice.emulation else "KunlunPlatform"
+        print(f"vllm-kunlun demo: {mode} ({choice.reason})", flush=True)
+    report = run_demo(
+        model=args.model,
+        prompts=tuple(args.prompt) if args.prompt else DEFAULT_PROMPTS,
+        max_tokens=args.max_tokens,
+        temperature=args.temperature,
+        seed=args.seed,
+        in_process=args.in_process,
+        max_model_len=args.max_model_len,
+    )
+    if args.json_out:
+        with open(args.json_out, "w") as f:
+            json.dump(report.to_dict(), f, indent=2)
+    if args.json:
+        print(json.dumps(report.to_dict(), indent=2))
+    else:
+        _print_report(report)
+    return 0

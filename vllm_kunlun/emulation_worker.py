@@ -1,0 +1,74 @@
+"""The worker and model runner host emulation runs: vLLM's CPU ones, two facts adapted.
+
+Why, each measured on vLLM 0.15.1 + torch 2.5.1 without ``vllm._C``:
+- ``CPUWorker.init_device`` binds OpenMP threads through
+  ``torch.ops._C_utils.init_cpu_threads_env`` (a ``vllm._C`` op) unless
+  ``VLLM_CPU_OMP_THREADS_BIND=nobind``: ours never binds.
+- When a request's sampled token is discarded (a chunk of a prefill that is not the
+  last one), ``GPUModelRunner._bookkeeping_sync`` rewinds the request's generator with
+  ``gen.set_offset(gen.get_offset() - 4)``, which only a CUDA (Philox) generator has: a
+  seeded request with chunked prefill crashes on the CPU ("CPU Generator does not use
+  offset"). Ours saves the generator state before sampling and restores it instead, so
+  a seeded request draws the same tokens however its prompt was chunked.
+Selected by the emulation platform as ``worker_cls``; removal: when vLLM's CPU runner
+handles CPU generators itself.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import numpy as np
+import torch
+from vllm.v1.worker.cpu_model_runner import CPUModelRunner
+from vllm.v1.worker.cpu_worker import CPUWorker
+
+
+class EmulationModelRunner(CPUModelRunner):
+    _discarded_generator_states: dict[int, torch.Tensor]
+
+    def _sample(self, *args: Any, **kwargs: Any) -> Any:
+        num_reqs = self.input_batch.num_reqs
+        discarded = np.nonzero(self.discard_request_mask.np[:num_reqs])[0]
+        generators = self.input_batch.generators
+        self._discarded_generator_states = {
+            int(i): generators[int(i)].get_state()
+            for i in discarded
+            if int(i) in generators
+        }
+        return super()._sample(*args, **kwargs)
+
+    def _bookkeeping_sync(self, *args: Any, **kwargs: Any) -> Any:
+        generators = self.input_batch.generators
+        saved = getattr(self, "_discarded_generator_states", {})
+        # Rewind by state, and keep these generators out of vLLM's offset rewind.
+        hidden = {}
+        for i, state in saved.items():
+            gen = generators.pop(i)
+            gen.set_state(state)
+            hidden[i] = gen
+        try:
+            return super()._bookkeeping_sync(*args, **kwargs)
+        finally:
+            generators.update(hidden)
+            self._discarded_generator_states = {}
+
+
+class EmulationWorker(CPUWorker):
+    def init_device(self) -> None:
+        from vllm.platforms import current_platform
+        from vllm.utils.torch_utils import set_random_seed
+        from vllm.v1.worker.gpu_worker import init_worker_distributed_environment
+
+        # What CPUWorker.init_device does, without the OpenMP binding (vllm._C).
+        os.environ["VLLM_DIST_IDENT"] = self.distributed_init_method.split(":")[-1]
+        init_worker_distributed_environment(
+            self.vllm_config,
+            self.rank,
+            self.distributed_init_method,
+            self.local_rank,
+            current_platform.dist_backend,
+        )
+        set_random_seed(self.model_config.seed)
+        self.model_runner = EmulationModelRunner(self.vllm_config, torch.device("cpu"))

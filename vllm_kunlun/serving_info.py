@@ -1,0 +1,55 @@
+"""What actually served the requests: platform, attention backend, sampler.
+
+Why: the demo, the benchmark and the tests must report what ran, not what should have
+run: a silent fallback (a different attention backend, vLLM's own sampler instead of
+ours) is exactly the kind of failure the deployment log lost days to. The answer has to
+come from the worker process, where the model runner lives, so this is a vLLM worker
+extension (``worker_extension_cls``): ``llm.collective_rpc(SERVING_INFO_METHOD)``.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+WORKER_EXTENSION = "vllm_kunlun.serving_info.ServingInfo"
+SERVING_INFO_METHOD = "vllm_kunlun_serving_info"
+
+
+def _qualname(obj: Any) -> str | None:
+    if obj is None:
+        return None
+    func = getattr(obj, "__func__", obj)  # bound method -> function
+    if not hasattr(func, "__qualname__"):
+        func = type(func)
+    return f"{func.__module__}.{func.__qualname__}"
+
+
+class ServingInfo:
+    """Mixed into vLLM's worker class; every method name is prefixed to avoid clashes."""
+
+    def vllm_kunlun_serving_info(self) -> dict[str, Any]:
+        from vllm.platforms import current_platform
+
+        runner = getattr(self, "model_runner", None)
+        sampler = getattr(runner, "sampler", None)
+        topk_topp = getattr(sampler, "topk_topp_sampler", None)
+        context = self.vllm_config.compilation_config.static_forward_context  # type: ignore[attr-defined]
+        backends = set()
+        impls = set()
+        for layer in context.values():
+            backend = getattr(layer, "attn_backend", None)
+            if backend is not None:
+                backends.add(f"{backend.get_name()} ({_qualname(backend)})")
+            if getattr(layer, "impl", None) is not None:
+                impls.add(_qualname(type(layer.impl)))
+        return {
+            "pid": os.getpid(),
+            "platform": _qualname(type(current_platform)),
+            "device_name": current_platform.get_device_name(),
+            "attention_backends": sorted(backends),
+            "attention_impls": sorted(i for i in impls if i),
+            "sampler": _qualname(type(sampler)) if sampler is not None else None,
+            "topk_topp_sampler": _qualname(type(topk_topp)) if topk_topp else None,
+            "topk_topp_forward": _qualname(getattr(topk_topp, "forward", None)),
+        }
