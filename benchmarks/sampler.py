@@ -1,0 +1,193 @@
+"""Sampler probe: vllm-kunlun's sampler vs vLLM 0.15.1's TopKTopPSampler.forward_native.
+
+The deployment's decode stall: 256 requests x 152K vocabulary, vLLM's native sampler
+at 4.89 s per step on Kunlun (its exponential_ noise ran on the CPU). This probe times,
+on the same float32 logits in the same run, one sampling step of
+
+* ours: ``KunlunTopKTopPSampler.forward`` (the kernels ``select_kernels`` picks for
+  the device: portable torch on CPU / non-Kunlun CUDA, the vendor kernel on Kunlun), and
+* native: vLLM's own ``TopKTopPSampler.forward_native``,
+
+in six modes: no filter, top-k 50, top-p 0.9, top-k 50 + top-p 0.9, every row seeded,
+half the rows seeded (seeded modes: no top-k / top-p, the case that crashed). Reported:
+median ms per step, the speed-up (native / ours), and the effective bandwidth against
+one read of the logits (batch x vocab x 4 bytes / time).
+
+    python benchmarks/sampler.py                       # 256 x 151936 on the CPU
+    python benchmarks/sampler.py --device cuda --iters 20 --json out.json
+
+Each timed call gets a fresh copy of the logits (both samplers may work in place); the
+copy is not timed. On CUDA every call is synchronised before and after.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+MODES = (
+    ("no filter", None, None, "none"),
+    ("top-k 50", 50, None, "none"),
+    ("top-p 0.9", None, 0.9, "none"),
+    ("top-k 50 + top-p 0.9", 50, 0.9, "none"),
+    ("all rows seeded", None, None, "all"),
+    ("half rows seeded", None, None, "half"),
+)
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--batch", type=int, default=256)
+    parser.add_argument("--vocab", type=int, default=151936)
+    parser.add_argument("--iters", type=int, default=5, help="timed calls per mode")
+    parser.add_argument("--warmup", type=int, default=1)
+    parser.add_argument("--device", default="cpu", help="cpu (default) or cuda[:N]")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--modes", default="", help="comma-separated subset of mode names (default all)"
+    )
+    parser.add_argument("--json", type=Path, help="also write the results here")
+    return parser.parse_args(argv)
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def time_calls(
+    fn: Callable[[torch.Tensor], Any],
+    logits: torch.Tensor,
+    iters: int,
+    warmup: int,
+) -> float:
+    """Median seconds of ``fn(copy of logits)``; the copy is made outside the timer."""
+    times = []
+    for i in range(warmup + iters):
+        x = logits.clone()
+        _sync(logits.device)
+        start = time.perf_counter()
+        tokens = fn(x)
+        _sync(logits.device)
+        elapsed = time.perf_counter() - start
+        assert tokens.shape == (logits.shape[0],)
+        if i >= warmup:
+            times.append(elapsed)
+    return statistics.median(times)
+
+
+def generators(
+    kind: str, batch: int, device: torch.device, seed: int
+) -> dict[int, torch.Generator]:
+    rows = {"none": [], "all": range(batch), "half": range(0, batch, 2)}[kind]
+    return {i: torch.Generator(device=device).manual_seed(seed + i) for i in rows}
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    from vllm_kunlun.patching import schema
+
+    schema.apply()  # torch 2.5.1 cannot import vllm.v1 without it
+    import vllm
+    from vllm.v1.sample.ops.topk_topp_sampler import TopKTopPSampler
+
+    from vllm_kunlun.sample.topk_topp import KunlunTopKTopPSampler
+
+    device = torch.device(args.device)
+    batch, vocab = args.batch, args.vocab
+    g = torch.Generator(device=device).manual_seed(args.seed)
+    logits = torch.randn(batch, vocab, device=device, generator=g)
+    ours = KunlunTopKTopPSampler()
+    native = TopKTopPSampler()
+    kernels = ours.kernels(device)
+    wanted = {m.strip() for m in args.modes.split(",") if m.strip()}
+    read_bytes = batch * vocab * logits.element_size()
+    rows = []
+    for name, k, p, seeded in MODES:
+        if wanted and name not in wanted:
+            continue
+        kt = (
+            None
+            if k is None
+            else torch.full((batch,), k, dtype=torch.int32, device=device)
+        )
+        pt = None if p is None else torch.full((batch,), p, device=device)
+        result = {"mode": name}
+        for label, sampler in (
+            ("ours", ours.forward),
+            ("native", native.forward_native),
+        ):
+            gens = generators(seeded, batch, device, args.seed)
+            seconds = time_calls(
+                lambda x, s=sampler, gens=gens, kt=kt, pt=pt: s(x, gens, kt, pt)[0],
+                logits,
+                args.iters,
+                args.warmup,
+            )
+            result[f"{label}_ms"] = seconds * 1e3
+            result[f"{label}_gbps"] = read_bytes / seconds / 1e9
+        result["speedup"] = result["native_ms"] / result["ours_ms"]
+        rows.append(result)
+        print(
+            f"  {name:22s} ours {result['ours_ms']:9.1f} ms  native "
+            f"{result['native_ms']:9.1f} ms  x{result['speedup']:.2f}",
+            file=sys.stderr,
+            flush=True,
+        )
+    return {
+        "batch": batch,
+        "vocab": vocab,
+        "dtype": "float32",
+        "device": str(device),
+        "device_name": torch.cuda.get_device_name(device)
+        if device.type == "cuda"
+        else "cpu",
+        "threads": torch.get_num_threads(),
+        "iters": args.iters,
+        "torch": torch.__version__,
+        "vllm": vllm.__version__,
+        "ours_kernels": f"{kernels.name} ({kernels.reason})",
+        "results": rows,
+    }
+
+
+def markdown(report: dict[str, Any]) -> str:
+    head = (
+        f"batch {report['batch']} x vocab {report['vocab']} {report['dtype']} logits, "
+        f"{report['device']} ({report['device_name']}, {report['threads']} threads), "
+        f"median of {report['iters']}; torch {report['torch']}, vLLM {report['vllm']}; "
+        f"ours = {report['ours_kernels']}"
+    )
+    lines = [
+        head,
+        "",
+        "| mode | ours ms/step | vLLM native ms/step | speed-up | ours GB/s | "
+        "native GB/s |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
+    for r in report["results"]:
+        lines.append(
+            f"| {r['mode']} | {r['ours_ms']:.1f} | {r['native_ms']:.1f} | "
+            f"{r['speedup']:.2f}x | {r['ours_gbps']:.2f} | {r['native_gbps']:.2f} |"
+        )
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    report = run(args)
+    print(markdown(report))
+    if args.json:
+        args.json.write_text(json.dumps(report, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
