@@ -64,6 +64,8 @@ def _print_report(report: Any) -> None:
         print(f"platform        : {info.get('platform')} ({info.get('device_name')})")
         print(f"attention       : {', '.join(info.get('attention_backends') or [])}")
         print(f"sampler         : {info.get('topk_topp_forward')}")
+        if info.get("sampling_kernels"):
+            print(f"sampling kernels: {info['sampling_kernels']}")
     print()
     for g in report.generations:
         print(f"> {g.prompt}")

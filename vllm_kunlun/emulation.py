@@ -157,10 +157,12 @@ class KunlunHostEmulationPlatform(KunlunPlatformBase):
     def check_and_update_config(cls, vllm_config: VllmConfig) -> None:
         from vllm_kunlun.config_defaults import apply_kunlun_defaults
         from vllm_kunlun.emulation_defaults import apply_emulation_defaults
-        from vllm_kunlun.guards import check_engine_config
+        from vllm_kunlun.guards import stack_guard
 
         apply_emulation_defaults(vllm_config)
         # Then the same defaults and engine-start guards as on Kunlun (fusion passes
-        # off, LoRA refused, stack check, ...); the worker class is already set.
+        # off, LoRA refused, stack check; the model-path guard is installed by the
+        # base class). Not the device-memory budget: the emulated KV cache is a fixed
+        # size (VLLM_KUNLUN_EMULATION_KV_CACHE_GIB) and there is no device to fill.
         apply_kunlun_defaults(vllm_config)
-        check_engine_config(vllm_config)
+        stack_guard()

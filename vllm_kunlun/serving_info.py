@@ -43,6 +43,11 @@ class ServingInfo:
                 backends.add(f"{backend.get_name()} ({_qualname(backend)})")
             if getattr(layer, "impl", None) is not None:
                 impls.add(_qualname(type(layer.impl)))
+        kernels = None
+        select = getattr(topk_topp, "kernels", None)  # the plugin's sampler
+        if callable(select) and runner is not None:
+            chosen = select(runner.device)
+            kernels = f"{chosen.name} ({chosen.reason})"
         return {
             "pid": os.getpid(),
             "platform": _qualname(type(current_platform)),
@@ -52,4 +57,5 @@ class ServingInfo:
             "sampler": _qualname(type(sampler)) if sampler is not None else None,
             "topk_topp_sampler": _qualname(type(topk_topp)) if topk_topp else None,
             "topk_topp_forward": _qualname(getattr(topk_topp, "forward", None)),
+            "sampling_kernels": kernels,
         }

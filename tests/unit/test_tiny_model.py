@@ -1,0 +1,77 @@
+"""The tiny Qwen3 checkpoint: deterministic, untied, offline tokenizer, CLI writer."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from safetensors.torch import load_file
+from tokenizers import Tokenizer
+
+from vllm_kunlun import tiny_model
+from vllm_kunlun.cli import main
+from vllm_kunlun.demo import DEFAULT_PROMPTS
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tiny_model.write_tiny_model(tmp_path_factory.mktemp("tiny"))
+
+
+def test_same_bytes_on_every_build(model_dir: Path, tmp_path: Path) -> None:
+    again = tiny_model.write_tiny_model(tmp_path / "again")
+    for name in ("config.json", "model.safetensors", "tokenizer.json"):
+        assert (again / name).read_bytes() == (model_dir / name).read_bytes(), name
+
+
+def test_config_is_an_untied_qwen3(model_dir: Path) -> None:
+    config = json.loads((model_dir / "config.json").read_text())
+    assert config["model_type"] == "qwen3"
+    assert config["architectures"] == ["Qwen3ForCausalLM"]
+    assert config["tie_word_embeddings"] is False
+    assert config["num_attention_heads"] > config["num_key_value_heads"]  # GQA
+    weights = load_file(str(model_dir / "model.safetensors"))
+    embed, head = weights["model.embed_tokens.weight"], weights["lm_head.weight"]
+    assert embed.shape == head.shape == (config["vocab_size"], config["hidden_size"])
+    assert not embed.equal(head)
+    layers = {k.split(".")[2] for k in weights if k.startswith("model.layers.")}
+    assert len(layers) == config["num_hidden_layers"] >= 2
+
+
+def test_tokenizer_is_offline_and_round_trips(model_dir: Path) -> None:
+    tok = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
+    config = json.loads((model_dir / "config.json").read_text())
+    assert tok.get_vocab_size() == config["vocab_size"]
+    unk = tok.token_to_id("<unk>")
+    for prompt in DEFAULT_PROMPTS:
+        ids = tok.encode(prompt).ids
+        assert unk not in ids, prompt  # every demo word is in the vocabulary
+        assert tok.decode(ids) == prompt
+    assert tok.encode("zebra").ids == [unk]
+    tok_config = json.loads((model_dir / "tokenizer_config.json").read_text())
+    assert tok.token_to_id(tok_config["eos_token"]) == config["eos_token_id"]
+
+
+def test_ensure_rebuilds_only_when_incomplete(tmp_path: Path) -> None:
+    target = tmp_path / "cache"
+    tiny_model.ensure_tiny_model(target)
+    weights = target / "model.safetensors"
+    stamp = weights.stat().st_mtime_ns
+    tiny_model.ensure_tiny_model(target)
+    assert weights.stat().st_mtime_ns == stamp  # complete: left alone
+    (target / tiny_model.MARKER).unlink()  # e.g. an interrupted build
+    assert not tiny_model.is_tiny_model(target)
+    tiny_model.ensure_tiny_model(target)
+    assert tiny_model.is_tiny_model(target)
+
+
+def test_default_cache_dir_follows_xdg(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("XDG_CACHE_HOME", "/somewhere")
+    assert tiny_model.default_cache_dir().parent == Path("/somewhere/vllm-kunlun")
+
+
+def test_cli_writes_the_model(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    assert main(["tiny-model", str(tmp_path / "m")]) == 0
+    assert tiny_model.is_tiny_model(tmp_path / "m")
+    assert str(tmp_path / "m") in capsys.readouterr().out
