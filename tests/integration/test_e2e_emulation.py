@@ -92,12 +92,20 @@ SEEDED_B = {
 }
 
 
-def run_spec(spec: dict[str, Any], tmp: Path, name: str, timeout: float = 300) -> dict:
+def run_spec(
+    spec: dict[str, Any],
+    tmp: Path,
+    name: str,
+    env: dict[str, str] | None = None,
+    timeout: float = 300,
+) -> dict:
+    """Run e2e_runner.py on ``spec`` in a fresh interpreter (host emulation unless
+    ``env`` says otherwise); fail with its error and log tails."""
     spec_path, out_path = tmp / f"{name}.spec.json", tmp / f"{name}.out.json"
     spec_path.write_text(json.dumps(spec))
     proc = subprocess.run(
         [sys.executable, str(RUNNER), str(spec_path), str(out_path)],
-        env=child_env(EMULATION),
+        env=child_env(EMULATION if env is None else env),
         capture_output=True,
         text=True,
         timeout=timeout,

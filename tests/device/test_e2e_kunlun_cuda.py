@@ -1,0 +1,63 @@
+"""On a CUDA-compatible GPU: the real KunlunPlatform (CUDA-compatibility mode) serves
+vLLM's engine and greedy output equals transformers' token for token.
+
+The test-only torch_xmlir (tests/fakes) reports one device, so vLLM activates
+KunlunPlatform exactly as on a P800 host; the GPU stands in for the Kunlun card. Needs
+the validated stack (vllm 0.15.1 on torch 2.5.1) and a GPU; skipped otherwise, with
+the reason. scripts/device_check.sh runs it.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.integration.test_e2e_emulation import (
+    GREEDY_JOBS,
+    LLM_ARGS,
+    run_spec,
+)
+from vllm_kunlun.tiny_model import write_tiny_model
+
+pytestmark = [
+    pytest.mark.device,
+    pytest.mark.slow,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device"),
+    pytest.mark.skipif(
+        importlib.util.find_spec("vllm") is None, reason="vllm is not installed"
+    ),
+    pytest.mark.skipif(
+        not torch.__version__.startswith("2.5."),
+        reason=f"vllm 0.15.1 is validated on torch 2.5.1, not {torch.__version__}",
+    ),
+]
+
+KUNLUN_ON_CUDA = {"FAKE_XMLIR_DEVICES": "1", "VLLM_LOGGING_LEVEL": "INFO"}
+
+
+@pytest.mark.parametrize("backend", ["TRITON_ATTN", "CUSTOM"])
+def test_greedy_matches_transformers_on_cuda(backend: str, tmp_path: Path) -> None:
+    model = str(write_tiny_model(tmp_path / "tiny"))
+    spec = {
+        "backend": "vllm",
+        "model": model,
+        "llm": {
+            **LLM_ARGS,
+            "attention_backend": backend,
+            "enforce_eager": True,
+            "kv_cache_memory_bytes": 1 << 30,
+        },
+        "jobs": GREEDY_JOBS,
+        "hf_jobs": GREEDY_JOBS,
+    }
+    # Host emulation off, one fake Kunlun device: vLLM picks KunlunPlatform.
+    result = run_spec(spec, tmp_path, f"cuda-{backend}", env=KUNLUN_ON_CUDA)
+    (info,) = result["serving"]
+    assert info["platform"] == "vllm_kunlun.platform.KunlunPlatform"
+    assert any(backend in b for b in info["attention_backends"]), info
+    for job in ("warm_prefix", "greedy"):
+        for got, want in zip(result["jobs"][job], result["hf"][job], strict=True):
+            assert got["token_ids"] == want["token_ids"], (backend, got["text"])
