@@ -58,7 +58,8 @@ def _print_report(report: Any) -> None:
     print(f"platform choice : {mode}: {report.platform_choice}")
     print(f"model           : {report.model}")
     print(
-        f"engine          : {report.engine_mode}, started in {report.engine_start_s:.2f} s"
+        f"engine          : {report.engine_mode}, started in "
+        f"{report.engine_start_s:.2f} s (import vllm {report.import_s:.1f} s)"
     )
     for info in report.serving:
         print(f"platform        : {info.get('platform')} ({info.get('device_name')})")
@@ -85,7 +86,7 @@ def run_demo_command(args: argparse.Namespace) -> int:
     choice = choose_platform()
     if not args.json:
         mode = "host emulation" if choice.emulation else "KunlunPlatform"
-        print(f"vllm-kunlun demo: {mode} ({choice.reason})", flush=True)
+        print(f"vllm-kunlun demo: starting vLLM's engine ({mode})...", flush=True)
     report = run_demo(
         model=args.model,
         prompts=tuple(args.prompt) if args.prompt else DEFAULT_PROMPTS,
