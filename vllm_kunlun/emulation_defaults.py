@@ -73,7 +73,8 @@ def apply_emulation_defaults(vllm_config: VllmConfig) -> None:
         scheduler,
         "async_scheduling",
         False,
-        "the CPU model runner has no asynchronous output copy",
+        "vLLM's CPU model runner is not built for it (vLLM's CPU platform turns it "
+        "off too)",
     )
 
     compilation = vllm_config.compilation_config
