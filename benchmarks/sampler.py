@@ -17,7 +17,8 @@ one read of the logits (batch x vocab x 4 bytes / time).
     python benchmarks/sampler.py --device cuda --iters 20 --json out.json
 
 Each timed call gets a fresh copy of the logits (both samplers may work in place); the
-copy is not timed. On CUDA every call is synchronised before and after.
+copy is not timed. Calls alternate between the two samplers, so a change in machine
+load affects both. On CUDA every call is synchronised before and after.
 """
 
 from __future__ import annotations
@@ -63,25 +64,33 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def time_calls(
-    fn: Callable[[torch.Tensor], Any],
+def time_call(fn: Callable[[torch.Tensor], Any], logits: torch.Tensor) -> float:
+    """Seconds of ``fn(copy of logits)``; the copy is made outside the timer."""
+    x = logits.clone()
+    _sync(logits.device)
+    start = time.perf_counter()
+    tokens = fn(x)
+    _sync(logits.device)
+    elapsed = time.perf_counter() - start
+    assert tokens.shape == (logits.shape[0],)
+    return elapsed
+
+
+def time_pair(
+    fns: dict[str, Callable[[torch.Tensor], Any]],
     logits: torch.Tensor,
     iters: int,
     warmup: int,
-) -> float:
-    """Median seconds of ``fn(copy of logits)``; the copy is made outside the timer."""
-    times = []
+) -> dict[str, float]:
+    """Median seconds per function, calls interleaved (ours, native, ours, ...) so
+    that a change in machine load hits both alike."""
+    times: dict[str, list[float]] = {name: [] for name in fns}
     for i in range(warmup + iters):
-        x = logits.clone()
-        _sync(logits.device)
-        start = time.perf_counter()
-        tokens = fn(x)
-        _sync(logits.device)
-        elapsed = time.perf_counter() - start
-        assert tokens.shape == (logits.shape[0],)
-        if i >= warmup:
-            times.append(elapsed)
-    return statistics.median(times)
+        for name, fn in fns.items():
+            elapsed = time_call(fn, logits)
+            if i >= warmup:
+                times[name].append(elapsed)
+    return {name: statistics.median(t) for name, t in times.items()}
 
 
 def generators(
@@ -119,20 +128,18 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             else torch.full((batch,), k, dtype=torch.int32, device=device)
         )
         pt = None if p is None else torch.full((batch,), p, device=device)
-        result = {"mode": name}
+        result: dict[str, Any] = {"mode": name}
+        fns = {}
         for label, sampler in (
             ("ours", ours.forward),
             ("native", native.forward_native),
         ):
             gens = generators(seeded, batch, device, args.seed)
-            seconds = time_calls(
-                lambda x, s=sampler, gens=gens, kt=kt, pt=pt: s(x, gens, kt, pt)[0],
-                logits,
-                args.iters,
-                args.warmup,
-            )
-            result[f"{label}_ms"] = seconds * 1e3
-            result[f"{label}_gbps"] = read_bytes / seconds / 1e9
+            fns[label] = lambda x, s=sampler, g=gens, kt=kt, pt=pt: s(x, g, kt, pt)[0]
+        seconds = time_pair(fns, logits, args.iters, args.warmup)
+        for label, sec in seconds.items():
+            result[f"{label}_ms"] = sec * 1e3
+            result[f"{label}_gbps"] = read_bytes / sec / 1e9
         result["speedup"] = result["native_ms"] / result["ours_ms"]
         rows.append(result)
         print(

@@ -123,13 +123,15 @@ def _radix_select(
     count: torch.Tensor | None = None,
     fraction: torch.Tensor | None = None,
     base: torch.Tensor | None = None,
+    scratch: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Largest threshold T per row whose kept set ``weights >= T`` is big enough.
 
     Big enough: at least ``count`` tokens, or else at least ``fraction * base`` mass,
     where a NaN ``base`` (or None) means the row's total mass. A target that cannot be
     met (+inf) gives T = 0, i.e. keep everything. ``weights``: contiguous non-negative
-    float32 (B, V). Returns (T as float32, mass of weights >= T).
+    float32 (B, V). ``scratch``: reusable (int32, int64) key buffers shaped like
+    ``weights``. Returns (T as float32, mass of weights >= T).
     """
     by_count = count is not None
     batch = weights.shape[0]
@@ -139,8 +141,7 @@ def _radix_select(
     # index that scatter_add_ requires; both buffers are reused across levels. Keys
     # count down from the largest value, so a plain cumsum of a histogram is the mass
     # (or count) of all tokens at or above each bin.
-    key32 = torch.empty_like(bits)
-    key = torch.empty_like(bits, dtype=torch.int64)
+    key32, key = scratch if scratch is not None else radix_scratch(weights)
     prefix = torch.zeros(batch, dtype=torch.int64, device=device)
     ones = torch.ones(1, dtype=torch.float32, device=device).expand(weights.shape)
     target = count.to(torch.float32) if count is not None else None
@@ -195,27 +196,37 @@ def _radix_select(
     return threshold, mass_ge
 
 
+def radix_scratch(weights: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(int32, int64) key buffers for ``_radix_select`` on ``weights``."""
+    return (
+        torch.empty(weights.shape, dtype=torch.int32, device=weights.device),
+        torch.empty(weights.shape, dtype=torch.int64, device=weights.device),
+    )
+
+
 def radix_threshold(
     weights: torch.Tensor,
     k: torch.Tensor | None,
     p: torch.Tensor | None,
     joint: bool = False,
+    scratch: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """Exact per-row keep-threshold on ``weights`` for top-k then top-p (float32, B).
 
     ``k``/``p`` as from normalize_top_k/_p (``k == vocab``: no top-k). Top-p mass is
     relative to the top-k mass (``joint``: to the row's total mass).
     """
+    scratch = scratch if scratch is not None else radix_scratch(weights)
     batch, vocab = weights.shape
     threshold = torch.zeros(batch, dtype=torch.float32, device=weights.device)
     base: torch.Tensor | None = None
     if k is not None:
-        threshold, mass_k = _radix_select(weights, count=k)
+        threshold, mass_k = _radix_select(weights, count=k, scratch=scratch)
         if not joint:
             base = torch.where(k < vocab, mass_k, torch.full_like(mass_k, float("nan")))
     if p is not None:
         fraction = torch.where(p < 1, p, torch.full_like(p, float("inf")))
-        t_p, _ = _radix_select(weights, fraction=fraction, base=base)
+        t_p, _ = _radix_select(weights, fraction=fraction, base=base, scratch=scratch)
         threshold = torch.maximum(threshold, t_p)
     return threshold
 
@@ -238,21 +249,23 @@ def sample_full(
     threshold: torch.Tensor | None = None,
     sums: torch.Tensor | None = None,
     owned: bool = False,
+    scratch: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Inverse-transform sample over the whole vocabulary (int64, B).
 
     ``weights`` need not be normalised. With ``threshold``, weights below it count as 0
-    (zeroed in place when ``owned``: a fresh CPU allocation costs more than the pass).
+    (zeroed in place when ``owned``).
     ``sums`` are precomputed ``block_sums(weights)`` (only valid without a threshold).
+    ``scratch``: a reusable float32 buffer shaped like ``weights`` for the mask.
     """
     vocab = weights.shape[1]
     block = min(BLOCK, vocab)
     if threshold is not None:
-        drop = weights < threshold.unsqueeze(1)
-        if owned:
-            masked = weights.masked_fill_(drop, 0.0)
-        else:
-            masked = weights.masked_fill(drop, 0.0)
+        # A float 0/1 mask written by the comparison itself: bool masks go through a
+        # slow, unvectorised cast on the CPU (masked_fill_ costs ~7x more).
+        keep = torch.empty_like(weights) if scratch is None else scratch
+        torch.ge(weights, threshold.unsqueeze(1), out=keep)
+        masked = weights.mul_(keep) if owned else keep.mul_(weights)
         sums = block_sums(masked)
     else:
         masked = weights
@@ -293,6 +306,7 @@ class FilterPlan:
     sums: torch.Tensor | None
     any_full: bool
     owns_weights: bool = False
+    scratch: torch.Tensor | None = None
 
 
 def plan_filter(
@@ -388,11 +402,16 @@ def plan_filter(
     unresolved = filtered & ~resolved
     any_full = _maybe_any(~resolved)
     threshold = None
+    scratch = None
     if any_full and _maybe_any(unresolved):
         w = full_weights()
         # The count search only matters for unresolved rows that have a top-k.
         k_radix = k if _maybe_any(unresolved & k_on) else None
-        t = radix_threshold(w, k_radix, p, joint=joint)
+        keys = radix_scratch(w)
+        t = radix_threshold(w, k_radix, p, joint=joint, scratch=keys)
+        # The int32 key buffer is free again: it holds the sampling mask later (a fresh
+        # CPU allocation of this size costs as much as a pass over it).
+        scratch = keys[0].view(torch.float32)
         threshold = torch.where(unresolved, t, torch.zeros_like(t))
     return FilterPlan(
         resolved=resolved,
@@ -404,6 +423,7 @@ def plan_filter(
         sums=sums,
         any_full=any_full,
         owns_weights=scores_are_logits,
+        scratch=scratch,
     )
 
 
@@ -420,7 +440,12 @@ def sample_plan(plan: FilterPlan, uniforms: torch.Tensor) -> torch.Tensor:
         assert plan.weights is not None
         sums = plan.sums if plan.threshold is None else None
         full = sample_full(
-            plan.weights, uniforms, plan.threshold, sums, owned=plan.owns_weights
+            plan.weights,
+            uniforms,
+            plan.threshold,
+            sums,
+            owned=plan.owns_weights,
+            scratch=plan.scratch,
         )
         tokens = full if tokens is None else torch.where(plan.resolved, tokens, full)
     assert tokens is not None
