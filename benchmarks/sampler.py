@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import time
@@ -189,6 +190,8 @@ def markdown(report: dict[str, Any]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    # Keep stdout to the table: vLLM logs INFO lines to stdout by default.
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
     report = run(args)
     print(markdown(report))
     if args.json:
