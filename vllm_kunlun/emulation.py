@@ -51,6 +51,9 @@ class KunlunHostEmulationPlatform(KunlunPlatformBase):
     ray_device_key: str = "CPU"
     dist_backend: str = "gloo"
     device_control_env_var: str = "CPU_VISIBLE_MEMORY_NODES"
+    _dtype_refusal = (
+        "Host emulation does not run models in {dtype}; use --dtype float32"
+    )
     additional_env_vars: list[str] = [
         "VLLM_KUNLUN_HOST_EMULATION",
         "VLLM_KUNLUN_EMULATION_KV_CACHE_GIB",
@@ -58,10 +61,6 @@ class KunlunHostEmulationPlatform(KunlunPlatformBase):
         "VLLM_KUNLUN_SCHEMA_FIX",
         "VLLM_KUNLUN_TP_SAMPLE_BROADCAST",
     ]
-
-    @property
-    def supported_dtypes(self) -> list[torch.dtype]:
-        return [torch.bfloat16, torch.float16, torch.float32]
 
     # ---- device ---------------------------------------------------------------------
     @classmethod
@@ -92,14 +91,6 @@ class KunlunHostEmulationPlatform(KunlunPlatformBase):
     @classmethod
     def is_pin_memory_available(cls) -> bool:
         return False
-
-    @classmethod
-    def check_if_supports_dtype(cls, dtype: torch.dtype) -> None:
-        if dtype not in (torch.bfloat16, torch.float16, torch.float32):
-            raise ValueError(
-                f"Host emulation does not run models in {dtype}; use --dtype float32 "
-                "(or bfloat16 / float16)."
-            )
 
     # ---- distributed ----------------------------------------------------------------
     @classmethod

@@ -51,6 +51,21 @@ class KunlunPlatformBase(Platform):
 
     _enum = PlatformEnum.OOT
     _banner: str = "vllm-kunlun platform active"
+    # What the platform runs models in, and the words of a refusal.
+    _dtypes: tuple[torch.dtype, ...] = (torch.bfloat16, torch.float16, torch.float32)
+    _dtype_refusal: str = (
+        "Kunlun P800 does not run models in {dtype}; use --dtype bfloat16"
+    )
+
+    @property
+    def supported_dtypes(self) -> list[torch.dtype]:
+        return list(self._dtypes)
+
+    @classmethod
+    def check_if_supports_dtype(cls, dtype: torch.dtype) -> None:
+        if dtype not in cls._dtypes:
+            names = " / ".join(str(d).removeprefix("torch.") for d in cls._dtypes)
+            raise ValueError(f"{cls._dtype_refusal.format(dtype=dtype)} (or {names}).")
 
     def __init__(self) -> None:
         # vLLM builds the platform object while it imports its own modules; the schema
@@ -105,10 +120,6 @@ class KunlunPlatform(KunlunPlatformBase):
     # ---- identity -----------------------------------------------------------------
     # is_cuda() and is_cuda_alike() stay False (OOT): vLLM's cuda-alike paths assume
     # NVIDIA/AMD binaries (vllm._C, custom all-reduce).
-    @property
-    def supported_dtypes(self) -> list[torch.dtype]:
-        return [torch.bfloat16, torch.float16, torch.float32]
-
     # ---- devices ------------------------------------------------------------------
     @classmethod
     def device_count(cls) -> int:
@@ -145,15 +156,6 @@ class KunlunPlatform(KunlunPlatformBase):
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats(device)
         return float(torch.cuda.max_memory_allocated(device))
-
-    @classmethod
-    def check_if_supports_dtype(cls, dtype: torch.dtype) -> None:
-        supported = [torch.bfloat16, torch.float16, torch.float32]
-        if dtype not in supported:
-            raise ValueError(
-                f"Kunlun P800 does not run models in {dtype}; use --dtype bfloat16 "
-                "(or float16 / float32)."
-            )
 
     # ---- distributed --------------------------------------------------------------
     @classmethod
