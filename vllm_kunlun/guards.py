@@ -34,6 +34,7 @@ import functools
 import inspect
 import os
 from collections.abc import Callable
+from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 from vllm_kunlun.doctor.budget import (
@@ -48,6 +49,7 @@ from vllm_kunlun.doctor.budget import (
 from vllm_kunlun.doctor.model_path import inspect_path, missing_path_message
 from vllm_kunlun.doctor.stack import stack_status
 from vllm_kunlun.logger import init_logger
+from vllm_kunlun.patching.attribute import AttributePatch, PatchMismatch, expect_params
 from vllm_kunlun.versions import installed_version
 
 if TYPE_CHECKING:
@@ -68,7 +70,6 @@ _EXPECTED = {
     ],
     "get_model_path": ["model", "revision"],
 }
-_originals: dict[str, Any] = {}
 
 
 class ModelPathError(ValueError):
@@ -168,37 +169,14 @@ def check_engine_config(vllm_config: VllmConfig) -> None:
 # ---- the named runtime patch ------------------------------------------------------------
 
 
-def _params(fn: Any) -> list[str]:
-    return list(inspect.signature(fn).parameters)
+def _check_signature(expected: list[str]) -> Callable[[ModuleType, Any], str | None]:
+    def check(module: ModuleType, original: Any) -> str | None:
+        return expect_params(original, original.__name__, tuple(expected))
+
+    return check
 
 
-def install() -> bool:
-    """Install ``engine_model_path_guard``; True when this call installed it.
-
-    Needs ``vllm.engine.arg_utils`` fully imported: callers are the platform's
-    ``pre_register_and_update`` (vLLM calls it from ``create_engine_config`` and while
-    it builds the CLI parser, both inside arg_utils' own functions).
-    """
-    if _originals:
-        return False
-    from vllm.engine import arg_utils
-
-    speculators = arg_utils.maybe_override_with_speculators
-    get_model_path = arg_utils.get_model_path
-    found = {
-        "maybe_override_with_speculators": _params(speculators),
-        "get_model_path": _params(get_model_path),
-    }
-    if found != _EXPECTED:
-        logger.warning_once(
-            "vllm-kunlun: runtime patch %s not installed: vLLM's signatures %s differ "
-            "from the expected %s (written for vllm 0.15.1); a missing local model path "
-            "will surface as vLLM's own error",
-            NAME,
-            str(found),
-            str(_EXPECTED),
-        )
-        return False
+def _make_speculators_guard(speculators: Any) -> Any:
     spec_sig = inspect.signature(speculators)
 
     @functools.wraps(speculators)
@@ -210,29 +188,63 @@ def install() -> bool:
             model_path_guard(tokenizer, what="tokenizer")
         return speculators(*args, **kwargs)
 
+    return guarded_speculators
+
+
+def _make_get_model_path_guard(get_model_path: Any) -> Any:
     @functools.wraps(get_model_path)
     def guarded_get_model_path(model: Any, revision: Any = None) -> Any:
         model_path_guard(model)
         return get_model_path(model, revision)
 
-    _originals["maybe_override_with_speculators"] = speculators
-    _originals["get_model_path"] = get_model_path
-    arg_utils.maybe_override_with_speculators = guarded_speculators
-    arg_utils.get_model_path = guarded_get_model_path
+    return guarded_get_model_path
+
+
+_PATCHES = tuple(
+    AttributePatch(
+        NAME,
+        "vllm.engine.arg_utils",
+        attr,
+        make,
+        _check_signature(_EXPECTED[attr]),
+    )
+    for attr, make in (
+        ("maybe_override_with_speculators", _make_speculators_guard),
+        ("get_model_path", _make_get_model_path_guard),
+    )
+)
+
+
+def install() -> bool:
+    """Install ``engine_model_path_guard`` (both wrappers or neither); True when this
+    call installed it.
+
+    Needs ``vllm.engine.arg_utils`` fully imported: callers are the general plugin
+    (top of ``EngineArgs.__post_init__``) and the platform's ``pre_register_and_update``
+    (``create_engine_config``, CLI parser), all inside arg_utils' own functions.
+    """
+    if installed():
+        return False
+    try:
+        for patch in _PATCHES:
+            patch.apply()
+    except PatchMismatch as exc:
+        uninstall()
+        logger.warning_once(
+            "vllm-kunlun: %s; a missing local model path will surface as vLLM's own "
+            "error",
+            str(exc),
+        )
+        return False
     logger.debug("vllm-kunlun: runtime patch %s installed", NAME)
     return True
 
 
 def installed() -> bool:
-    return bool(_originals)
+    return all(patch.applied() for patch in _PATCHES)
 
 
 def uninstall() -> None:
     """Put vLLM's original functions back."""
-    if not _originals:
-        return
-    from vllm.engine import arg_utils
-
-    for name, original in list(_originals.items()):
-        setattr(arg_utils, name, original)
-    _originals.clear()
+    for patch in reversed(_PATCHES):
+        patch.revert()

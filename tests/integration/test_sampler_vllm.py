@@ -27,6 +27,7 @@ from tests.unit.sampler_reference import (
     probs64,
     reference,
 )
+from vllm_kunlun.patching import attribute
 from vllm_kunlun.sample import patches
 from vllm_kunlun.sample.topk_topp import KunlunTopKTopPSampler
 
@@ -144,7 +145,7 @@ def test_patches_wait_for_the_platform(monkeypatch: pytest.MonkeyPatch) -> None:
     import vllm.platforms
 
     for patch in patches.PATCHES:
-        monkeypatch.setattr(patch, "_original", patches._MISSING)  # look unapplied
+        monkeypatch.setattr(patch, "_original", attribute._MISSING)  # look unapplied
     monkeypatch.setattr(vllm.platforms, "_current_platform", None)
     assert patches.apply_all() == []
     assert not patches.applied()

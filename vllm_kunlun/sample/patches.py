@@ -21,98 +21,19 @@ kernel for it) and keeps TP ranks consistent itself.
 
 from __future__ import annotations
 
-import importlib
-import inspect
 import sys
-from collections.abc import Callable
-from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any
 
 from vllm_kunlun.logger import init_logger
+from vllm_kunlun.patching.attribute import (
+    AttributePatch,
+    PatchMismatch,
+    expect_call,
+    expect_params,
+)
 
 logger = init_logger(__name__)
-
-_MISSING = object()
-
-
-@dataclass
-class AttributePatch:
-    """Replace ``module.attr`` with ``make(original)``; ``check`` vets the original."""
-
-    name: str
-    module: str
-    attr: str
-    make: Callable[[Any], Any]
-    check: Callable[[ModuleType, Any], str | None]
-    _original: Any = field(default=_MISSING, repr=False)
-
-    @property
-    def target(self) -> str:
-        return f"{self.module}.{self.attr}"
-
-    def applied(self) -> bool:
-        return self._original is not _MISSING
-
-    def mismatch(self) -> str | None:
-        """Why the installed vLLM does not look like what this patch expects, or None."""
-        try:
-            module = importlib.import_module(self.module)
-        except Exception as exc:
-            return f"{self.module} does not import ({type(exc).__name__}: {exc})"
-        original = getattr(module, self.attr, _MISSING)
-        if original is _MISSING:
-            return f"{self.target} does not exist"
-        return self.check(module, original)
-
-    def apply(self) -> bool:
-        """Install the replacement; False when already installed."""
-        if self.applied():
-            return False
-        problem = self.mismatch()
-        if problem is not None:
-            raise PatchMismatch(
-                f"runtime patch {self.name} not applied: {problem}. It was written for "
-                "vLLM 0.15.1 (the validated version); install vllm==0.15.1 or update "
-                f"vllm_kunlun/sample/patches.py for this vLLM."
-            )
-        module = sys.modules[self.module]
-        original = getattr(module, self.attr)
-        setattr(module, self.attr, self.make(original))
-        self._original = original
-        return True
-
-    def revert(self) -> None:
-        if not self.applied():
-            return
-        setattr(sys.modules[self.module], self.attr, self._original)
-        self._original = _MISSING
-
-
-class PatchMismatch(RuntimeError):
-    """The upstream object differs from what a patch was written for."""
-
-
-def _params(fn: Any) -> tuple[str, ...]:
-    try:
-        return tuple(inspect.signature(fn).parameters)
-    except (TypeError, ValueError):
-        return ()
-
-
-def _expect_params(fn: Any, what: str, expected: tuple[str, ...]) -> str | None:
-    found = _params(fn)
-    if found != expected:
-        return f"{what} takes {found}, expected {expected}"
-    return None
-
-
-def _expect_call(fn: Any, what: str, name: str) -> str | None:
-    code = getattr(fn, "__code__", None)
-    if code is None or name not in code.co_names:
-        return f"{what} no longer calls {name} by its module-level name"
-    return None
-
 
 # ---- kunlun_topk_topp_sampler ---------------------------------------------------------
 
@@ -120,7 +41,7 @@ def _expect_call(fn: Any, what: str, name: str) -> str | None:
 def _check_sampler(module: ModuleType, original: Any) -> str | None:
     if not isinstance(original, type):
         return f"{module.__name__}.TopKTopPSampler is not a class"
-    problem = _expect_params(
+    problem = expect_params(
         getattr(original, "forward_native", None),
         "TopKTopPSampler.forward_native",
         ("self", "logits", "generators", "k", "p"),
@@ -128,7 +49,7 @@ def _check_sampler(module: ModuleType, original: Any) -> str | None:
     if problem:
         return problem
     sampler = getattr(module, "Sampler", None)
-    return _expect_call(
+    return expect_call(
         getattr(sampler, "__init__", None), "Sampler.__init__", "TopKTopPSampler"
     )
 
@@ -164,12 +85,12 @@ _REJECTION_PARAMS = (
 
 
 def _check_recovered(module: ModuleType, original: Any) -> str | None:
-    problem = _expect_params(original, "sample_recovered_tokens", _RECOVERED_PARAMS)
+    problem = expect_params(original, "sample_recovered_tokens", _RECOVERED_PARAMS)
     if problem:
         return problem
     if not hasattr(module, "sample_recovered_tokens_kernel"):
         return "rejection_sampler.sample_recovered_tokens_kernel does not exist"
-    return _expect_call(
+    return expect_call(
         getattr(module, "rejection_sample", None),
         "rejection_sample",
         "sample_recovered_tokens",
@@ -183,11 +104,11 @@ def _make_recovered(original: Any) -> Any:
 
 
 def _check_rejection(module: ModuleType, original: Any) -> str | None:
-    problem = _expect_params(original, "rejection_sample", _REJECTION_PARAMS)
+    problem = expect_params(original, "rejection_sample", _REJECTION_PARAMS)
     if problem:
         return problem
     sampler_cls = getattr(module, "RejectionSampler", None)
-    return _expect_call(
+    return expect_call(
         getattr(sampler_cls, "forward", None),
         "RejectionSampler.forward",
         "rejection_sample",
@@ -204,7 +125,7 @@ def _make_rejection(original: Any) -> Any:
 
 
 def _check_eagle(module: ModuleType, original: Any) -> str | None:
-    return _expect_params(
+    return expect_params(
         original,
         "compute_probs_and_sample_next_token",
         ("logits", "sampling_metadata"),

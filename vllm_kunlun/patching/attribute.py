@@ -1,0 +1,97 @@
+"""Named runtime patches of module attributes: the one mechanism behind every runtime
+change the plugin makes to vLLM (sampling, engine guards).
+
+A patch replaces one module attribute, keeps the original, checks first that the
+upstream object looks like the one it was written for (and says what differs when it
+does not), and can be reverted.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from types import ModuleType
+from typing import Any
+
+_MISSING = object()
+
+
+@dataclass
+class AttributePatch:
+    """Replace ``module.attr`` with ``make(original)``; ``check`` vets the original."""
+
+    name: str
+    module: str
+    attr: str
+    make: Callable[[Any], Any]
+    check: Callable[[ModuleType, Any], str | None]
+    _original: Any = field(default=_MISSING, repr=False)
+
+    @property
+    def target(self) -> str:
+        return f"{self.module}.{self.attr}"
+
+    def applied(self) -> bool:
+        return self._original is not _MISSING
+
+    def mismatch(self) -> str | None:
+        """Why the installed vLLM does not look like what this patch expects, or None."""
+        try:
+            module = importlib.import_module(self.module)
+        except Exception as exc:
+            return f"{self.module} does not import ({type(exc).__name__}: {exc})"
+        original = getattr(module, self.attr, _MISSING)
+        if original is _MISSING:
+            return f"{self.target} does not exist"
+        return self.check(module, original)
+
+    def apply(self) -> bool:
+        """Install the replacement; False when already installed."""
+        if self.applied():
+            return False
+        problem = self.mismatch()
+        if problem is not None:
+            raise PatchMismatch(
+                f"runtime patch {self.name} not applied: {problem}. It was written for "
+                "vLLM 0.15.1 (the validated version); install vllm==0.15.1 or "
+                "use a vllm-kunlun release written for this vLLM."
+            )
+        module = sys.modules[self.module]
+        original = getattr(module, self.attr)
+        setattr(module, self.attr, self.make(original))
+        self._original = original
+        return True
+
+    def revert(self) -> None:
+        if not self.applied():
+            return
+        setattr(sys.modules[self.module], self.attr, self._original)
+        self._original = _MISSING
+
+
+class PatchMismatch(RuntimeError):
+    """The upstream object differs from what a patch was written for."""
+
+
+def params(fn: Any) -> tuple[str, ...]:
+    try:
+        return tuple(inspect.signature(fn).parameters)
+    except (TypeError, ValueError):
+        return ()
+
+
+def expect_params(fn: Any, what: str, expected: tuple[str, ...]) -> str | None:
+    found = params(fn)
+    if found != expected:
+        return f"{what} takes {found}, expected {expected}"
+    return None
+
+
+def expect_call(fn: Any, what: str, name: str) -> str | None:
+    code = getattr(fn, "__code__", None)
+    if code is None or name not in code.co_names:
+        return f"{what} no longer calls {name} by its module-level name"
+    return None
