@@ -12,7 +12,6 @@ Kunlun device and its speed means nothing for one.
 
 from __future__ import annotations
 
-from datetime import timedelta
 from typing import TYPE_CHECKING
 
 import torch
@@ -23,7 +22,6 @@ from vllm_kunlun.logger import init_logger
 from vllm_kunlun.platform import KunlunPlatformBase
 
 if TYPE_CHECKING:
-    from torch.distributed import PrefixStore, ProcessGroup
     from vllm.config import VllmConfig
     from vllm.v1.attention.selector import AttentionSelectorConfig
 
@@ -54,6 +52,7 @@ class KunlunHostEmulationPlatform(KunlunPlatformBase):
     _dtype_refusal = (
         "Host emulation does not run models in {dtype}; use --dtype float32"
     )
+    _pg_backends = ("gloo",)
     additional_env_vars: list[str] = [
         "VLLM_KUNLUN_HOST_EMULATION",
         "VLLM_KUNLUN_EMULATION_KV_CACHE_GIB",
@@ -91,32 +90,6 @@ class KunlunHostEmulationPlatform(KunlunPlatformBase):
     @classmethod
     def is_pin_memory_available(cls) -> bool:
         return False
-
-    # ---- distributed ----------------------------------------------------------------
-    @classmethod
-    def get_device_communicator_cls(cls) -> str:
-        # The same torch.distributed path as KunlunPlatform, over gloo.
-        return (
-            "vllm.distributed.device_communicators.base_device_communicator."
-            "DeviceCommunicatorBase"
-        )
-
-    @classmethod
-    def stateless_init_device_torch_dist_pg(
-        cls,
-        backend: str,
-        prefix_store: PrefixStore,
-        group_rank: int,
-        group_size: int,
-        timeout: timedelta,
-    ) -> ProcessGroup:
-        if str(backend) != "gloo":
-            raise ValueError(
-                f"Host emulation supports the gloo backend, not {backend!r}"
-            )
-        from vllm.distributed.utils import init_gloo_process_group
-
-        return init_gloo_process_group(prefix_store, group_rank, group_size, timeout)
 
     # ---- attention ------------------------------------------------------------------
     @classmethod

@@ -56,6 +56,8 @@ class KunlunPlatformBase(Platform):
     _dtype_refusal: str = (
         "Kunlun P800 does not run models in {dtype}; use --dtype bfloat16"
     )
+    # Backends of stateless (non-global) process groups.
+    _pg_backends: tuple[str, ...] = ("nccl", "gloo")
 
     @property
     def supported_dtypes(self) -> list[torch.dtype]:
@@ -82,6 +84,62 @@ class KunlunPlatformBase(Platform):
         from vllm_kunlun.guards import install
 
         install()
+
+    # ---- distributed --------------------------------------------------------------
+    @classmethod
+    def stateless_init_device_torch_dist_pg(
+        cls,
+        backend: str,
+        prefix_store: PrefixStore,
+        group_rank: int,
+        group_size: int,
+        timeout: timedelta,
+    ) -> ProcessGroup:
+        """A process group outside torch's global state (vLLM's DP / KV-transfer groups).
+
+        ``nccl`` is Kunlun's NCCL-compatible collective library behind torch's
+        ProcessGroupNCCL; ``gloo`` is served by vLLM's own helper.
+        """
+        if str(backend) not in cls._pg_backends:
+            raise ValueError(
+                f"{cls.__name__} supports the {' and '.join(cls._pg_backends)} "
+                f"backends, not {backend!r}"
+            )
+        if str(backend) == "gloo":
+            from vllm.distributed.utils import init_gloo_process_group
+
+            return init_gloo_process_group(
+                prefix_store, group_rank, group_size, timeout
+            )
+        from torch.distributed import ProcessGroup
+        from torch.distributed.distributed_c10d import ProcessGroupNCCL
+
+        if hasattr(ProcessGroup, "Options"):  # torch < 2.6
+            pg = ProcessGroup(  # type: ignore[call-arg]
+                prefix_store,
+                group_rank,
+                group_size,
+                ProcessGroup.Options(backend="nccl"),
+            )
+        else:
+            pg = ProcessGroup(prefix_store, group_rank, group_size)  # type: ignore[call-arg]
+            pg._set_default_backend(ProcessGroup.BackendType.NCCL)  # type: ignore[attr-defined]
+        options = ProcessGroupNCCL.Options()
+        options._timeout = timeout
+        nccl = ProcessGroupNCCL(prefix_store, group_rank, group_size, options)
+        nccl._set_sequence_number_for_group()
+        pg._register_backend(torch.device("cuda"), ProcessGroup.BackendType.NCCL, nccl)
+        return pg
+
+    @classmethod
+    def get_device_communicator_cls(cls) -> str:
+        # torch.distributed collectives on the device group (nccl on Kunlun, gloo in
+        # emulation); vLLM's CudaCommunicator loads NVIDIA's libnccl through ctypes and
+        # custom all-reduce needs vllm._C.
+        return (
+            "vllm.distributed.device_communicators.base_device_communicator."
+            "DeviceCommunicatorBase"
+        )
 
     @classmethod
     def import_kernels(cls) -> None:
@@ -156,60 +214,6 @@ class KunlunPlatform(KunlunPlatformBase):
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats(device)
         return float(torch.cuda.max_memory_allocated(device))
-
-    # ---- distributed --------------------------------------------------------------
-    @classmethod
-    def stateless_init_device_torch_dist_pg(
-        cls,
-        backend: str,
-        prefix_store: PrefixStore,
-        group_rank: int,
-        group_size: int,
-        timeout: timedelta,
-    ) -> ProcessGroup:
-        """A process group outside torch's global state (vLLM's DP / KV-transfer groups).
-
-        ``nccl`` is Kunlun's NCCL-compatible collective library behind torch's
-        ProcessGroupNCCL; ``gloo`` is served by vLLM's own helper.
-        """
-        if str(backend) == "gloo":
-            from vllm.distributed.utils import init_gloo_process_group
-
-            return init_gloo_process_group(
-                prefix_store, group_rank, group_size, timeout
-            )
-        if str(backend) != "nccl":
-            raise ValueError(
-                f"KunlunPlatform supports the nccl and gloo backends, not {backend!r}"
-            )
-        from torch.distributed import ProcessGroup
-        from torch.distributed.distributed_c10d import ProcessGroupNCCL
-
-        if hasattr(ProcessGroup, "Options"):  # torch < 2.6
-            pg = ProcessGroup(  # type: ignore[call-arg]
-                prefix_store,
-                group_rank,
-                group_size,
-                ProcessGroup.Options(backend="nccl"),
-            )
-        else:
-            pg = ProcessGroup(prefix_store, group_rank, group_size)  # type: ignore[call-arg]
-            pg._set_default_backend(ProcessGroup.BackendType.NCCL)  # type: ignore[attr-defined]
-        options = ProcessGroupNCCL.Options()
-        options._timeout = timeout
-        nccl = ProcessGroupNCCL(prefix_store, group_rank, group_size, options)
-        nccl._set_sequence_number_for_group()
-        pg._register_backend(torch.device("cuda"), ProcessGroup.BackendType.NCCL, nccl)
-        return pg
-
-    @classmethod
-    def get_device_communicator_cls(cls) -> str:
-        # torch.distributed collectives on the device group; vLLM's CudaCommunicator
-        # loads NVIDIA's libnccl through ctypes and custom all-reduce needs vllm._C.
-        return (
-            "vllm.distributed.device_communicators.base_device_communicator."
-            "DeviceCommunicatorBase"
-        )
 
     # ---- attention ------------------------------------------------------------------
     @classmethod

@@ -127,7 +127,18 @@ def test_stateless_gloo_group_really_communicates() -> None:
 def test_unknown_backend_is_refused() -> None:
     from torch.distributed import HashStore, PrefixStore
 
-    with pytest.raises(ValueError, match="nccl and gloo"):
+    with pytest.raises(ValueError, match="nccl and gloo backends"):
         KunlunPlatform.stateless_init_device_torch_dist_pg(
             "mpi", PrefixStore("x", HashStore()), 0, 1, timedelta(seconds=5)
+        )
+
+
+def test_emulation_groups_are_gloo_only() -> None:
+    from torch.distributed import HashStore, PrefixStore
+
+    from vllm_kunlun.emulation import KunlunHostEmulationPlatform
+
+    with pytest.raises(ValueError, match="supports the gloo backends, not 'nccl'"):
+        KunlunHostEmulationPlatform.stateless_init_device_torch_dist_pg(
+            "nccl", PrefixStore("y", HashStore()), 0, 1, timedelta(seconds=5)
         )
