@@ -554,18 +554,9 @@ def top_k_top_p_sampling_from_probs(
     check_nan: bool = False,
 ) -> torch.Tensor:
     """flashinfer's ``top_k_top_p_sampling_from_probs``: int32 token per row."""
-    probs = _check_common(probs, indices, filter_apply_order, check_nan, "probs")
-    batch = probs.shape[0]
-    uniforms = _uniforms(batch, probs.device, generator)
-    tokens = sample(
-        probs,
-        top_k,
-        top_p,
-        uniforms,
-        scores_are_logits=False,
-        joint=filter_apply_order == "joint",
+    return _flashinfer_style(
+        probs, top_k, top_p, indices, filter_apply_order, generator, check_nan, "probs"
     )
-    return tokens.to(torch.int32)
 
 
 def top_k_top_p_sampling_from_logits(
@@ -579,15 +570,36 @@ def top_k_top_p_sampling_from_logits(
     check_nan: bool = False,
 ) -> torch.Tensor:
     """flashinfer's ``top_k_top_p_sampling_from_logits``: int32 token per row."""
-    logits = _check_common(logits, indices, filter_apply_order, check_nan, "logits")
-    batch = logits.shape[0]
-    uniforms = _uniforms(batch, logits.device, generator)
-    tokens = sample(
+    return _flashinfer_style(
         logits,
         top_k,
         top_p,
+        indices,
+        filter_apply_order,
+        generator,
+        check_nan,
+        "logits",
+    )
+
+
+def _flashinfer_style(
+    scores: torch.Tensor,
+    top_k: torch.Tensor | int,
+    top_p: torch.Tensor | float,
+    indices: torch.Tensor | None,
+    filter_apply_order: str,
+    generator: torch.Generator | None,
+    check_nan: bool,
+    what: str,
+) -> torch.Tensor:
+    scores = _check_common(scores, indices, filter_apply_order, check_nan, what)
+    uniforms = _uniforms(scores.shape[0], scores.device, generator)
+    tokens = sample(
+        scores,
+        top_k,
+        top_p,
         uniforms,
-        scores_are_logits=True,
+        scores_are_logits=what == "logits",
         joint=filter_apply_order == "joint",
     )
     return tokens.to(torch.int32)
