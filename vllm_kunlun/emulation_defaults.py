@@ -107,3 +107,11 @@ def apply_emulation_defaults(vllm_config: VllmConfig) -> None:
         "spawn",
         "workers must not fork a process that already runs torch threads",
     )
+    if "VLLM_HOST_IP" not in os.environ:
+        # vLLM otherwise picks this host's network address for the engine's process
+        # groups; emulation is single-host, so its traffic stays on loopback.
+        _set_env(
+            "VLLM_HOST_IP",
+            "127.0.0.1",
+            "single-host emulation keeps the engine's process groups on loopback",
+        )

@@ -32,6 +32,7 @@ print("RESULT " + json.dumps({{
     "pin_memory": current_platform.is_pin_memory_available(),
     "omp_bind": os.environ.get("VLLM_CPU_OMP_THREADS_BIND"),
     "mp_method": os.environ.get("VLLM_WORKER_MULTIPROC_METHOD"),
+    "host_ip": os.environ.get("VLLM_HOST_IP"),
     "schema_fix": schema.applied(),
     "topk_topp": type(Sampler().topk_topp_sampler).__module__,
 }}))
@@ -64,6 +65,7 @@ def test_emulation_config_handles_every_measured_fact(tmp_path: Path) -> None:
         "pin_memory": False,
         "omp_bind": "nobind",
         "mp_method": "spawn",
+        "host_ip": "127.0.0.1",  # process groups on loopback, not the host's address
         "schema_fix": True,  # import vllm.config needs it on torch 2.5.1
         "topk_topp": "vllm_kunlun.sample.topk_topp",  # the plugin's sampler
     }
