@@ -23,14 +23,13 @@ from vllm_kunlun.platform import KunlunPlatformBase
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
-    from vllm.v1.attention.selector import AttentionSelectorConfig
 
 logger = init_logger(__name__)
 
 EMULATION_PLATFORM = "vllm_kunlun.emulation.KunlunHostEmulationPlatform"
 
 # Backends vLLM offers that cannot run here, and why.
-_REFUSED_ATTN_BACKENDS = {
+_EMULATION_REFUSED_ATTN_BACKENDS = {
     AttentionBackendEnum.CPU_ATTN: "needs vllm._C CPU kernels, which do not load on "
     "torch 2.5.1",
     AttentionBackendEnum.TRITON_ATTN: "needs a GPU for its Triton kernels",
@@ -53,6 +52,10 @@ class KunlunHostEmulationPlatform(KunlunPlatformBase):
         "Host emulation does not run models in {dtype}; use --dtype float32"
     )
     _pg_backends = ("gloo",)
+    _attn_where = "in vllm-kunlun host emulation"
+    _attn_default = AttentionBackendEnum.CUSTOM
+    _attn_allowed = (AttentionBackendEnum.CUSTOM,)
+    _attn_refused = _EMULATION_REFUSED_ATTN_BACKENDS
     additional_env_vars: list[str] = [
         "VLLM_KUNLUN_HOST_EMULATION",
         "VLLM_KUNLUN_EMULATION_KV_CACHE_GIB",
@@ -90,31 +93,6 @@ class KunlunHostEmulationPlatform(KunlunPlatformBase):
     @classmethod
     def is_pin_memory_available(cls) -> bool:
         return False
-
-    # ---- attention ------------------------------------------------------------------
-    @classmethod
-    def get_attn_backend_cls(
-        cls,
-        selected_backend: AttentionBackendEnum | None,
-        attn_selector_config: AttentionSelectorConfig,
-    ) -> str:
-        if attn_selector_config.use_mla:
-            raise ValueError(
-                "Host emulation has no MLA attention backend; MLA models "
-                "(DeepSeek-V2/V3 family) cannot run in vllm-kunlun host emulation."
-            )
-        if selected_backend in (None, AttentionBackendEnum.CUSTOM):
-            from vllm_kunlun.attention import select_portable
-
-            return select_portable(attn_selector_config)
-        reason = _REFUSED_ATTN_BACKENDS.get(
-            selected_backend, "is not available in host emulation"
-        )
-        raise ValueError(
-            f"Attention backend {selected_backend.name} cannot run in vllm-kunlun host "
-            f"emulation: it {reason}. Use CUSTOM (the plugin's portable torch backend) "
-            "or leave --attention-backend unset."
-        )
 
     # ---- configuration --------------------------------------------------------------
     @classmethod

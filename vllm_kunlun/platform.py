@@ -28,10 +28,8 @@ if TYPE_CHECKING:
 
 logger = init_logger(__name__)
 
-# Backends that run without vllm._C on a CUDA-compatible device.
-_SUPPORTED_ATTN_BACKENDS = (AttentionBackendEnum.TRITON_ATTN,)
 # Backends that need NVIDIA-only binaries, and why.
-_REFUSED_ATTN_BACKENDS = {
+_NVIDIA_ONLY_ATTN_BACKENDS = {
     AttentionBackendEnum.FLASH_ATTN: "needs vllm's FlashAttention CUDA binaries",
     AttentionBackendEnum.FLASH_ATTN_DIFFKV: "needs vllm's FlashAttention CUDA binaries",
     AttentionBackendEnum.FLASHINFER: "needs the flashinfer CUDA library",
@@ -58,6 +56,14 @@ class KunlunPlatformBase(Platform):
     )
     # Backends of stateless (non-global) process groups.
     _pg_backends: tuple[str, ...] = ("nccl", "gloo")
+    # Attention: the default, what an explicit choice may name, why others cannot run.
+    _attn_where: str = "on Kunlun"
+    _attn_default = AttentionBackendEnum.TRITON_ATTN
+    _attn_allowed: tuple[AttentionBackendEnum, ...] = (
+        AttentionBackendEnum.TRITON_ATTN,
+        AttentionBackendEnum.CUSTOM,
+    )
+    _attn_refused: dict[AttentionBackendEnum, str] = _NVIDIA_ONLY_ATTN_BACKENDS
 
     @property
     def supported_dtypes(self) -> list[torch.dtype]:
@@ -84,6 +90,43 @@ class KunlunPlatformBase(Platform):
         from vllm_kunlun.guards import install
 
         install()
+
+    # ---- attention ------------------------------------------------------------------
+    @classmethod
+    def get_attn_backend_cls(
+        cls,
+        selected_backend: AttentionBackendEnum | None,
+        attn_selector_config: AttentionSelectorConfig,
+    ) -> str:
+        """The platform's default, or an explicit choice it can run; else a refusal
+        that says why and what to use. CUSTOM is the plugin's portable backend."""
+        if attn_selector_config.use_mla:
+            raise ValueError(
+                f"vllm-kunlun has no MLA attention backend {cls._attn_where}; MLA "
+                "models (DeepSeek-V2/V3 family) cannot be served with this plugin "
+                "version."
+            )
+        backend = selected_backend or cls._attn_default
+        if backend not in cls._attn_allowed:
+            reason = cls._attn_refused.get(
+                backend, f"is not validated {cls._attn_where}"
+            )
+            names = " or ".join(b.name for b in cls._attn_allowed)
+            raise ValueError(
+                f"Attention backend {backend.name} cannot run {cls._attn_where}: it "
+                f"{reason}. Use {names} (CUSTOM is the plugin's portable torch "
+                "backend), or leave --attention-backend unset."
+            )
+        if backend == AttentionBackendEnum.CUSTOM:
+            from vllm_kunlun.attention import select_portable
+
+            return select_portable(attn_selector_config)
+        logger.info_once(
+            "vllm-kunlun: attention backend %s (%s)",
+            backend.name,
+            "selected" if selected_backend else "default",
+        )
+        return backend.get_path()
 
     # ---- distributed --------------------------------------------------------------
     @classmethod
@@ -214,43 +257,6 @@ class KunlunPlatform(KunlunPlatformBase):
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats(device)
         return float(torch.cuda.max_memory_allocated(device))
-
-    # ---- attention ------------------------------------------------------------------
-    @classmethod
-    def get_attn_backend_cls(
-        cls,
-        selected_backend: AttentionBackendEnum | None,
-        attn_selector_config: AttentionSelectorConfig,
-    ) -> str:
-        if attn_selector_config.use_mla:
-            raise ValueError(
-                "vllm-kunlun has no MLA attention backend for Kunlun yet; MLA models "
-                "(DeepSeek-V2/V3 family) cannot be served with this plugin version."
-            )
-        if selected_backend is None:
-            backend = AttentionBackendEnum.TRITON_ATTN
-            logger.info_once(
-                "vllm-kunlun: attention backend %s (default)", backend.name
-            )
-            return backend.get_path()
-        if selected_backend == AttentionBackendEnum.CUSTOM:
-            from vllm_kunlun.attention import select_portable
-
-            return select_portable(attn_selector_config)
-        if selected_backend in _SUPPORTED_ATTN_BACKENDS:
-            logger.info_once(
-                "vllm-kunlun: attention backend %s (selected)", selected_backend.name
-            )
-            return selected_backend.get_path()
-        reason = _REFUSED_ATTN_BACKENDS.get(
-            selected_backend, "is not validated on Kunlun"
-        )
-        raise ValueError(
-            f"Attention backend {selected_backend.name} cannot run on Kunlun: {reason}. "
-            f"Use one of: {', '.join(b.name for b in _SUPPORTED_ATTN_BACKENDS)}, "
-            "CUSTOM (the plugin's portable torch backend), or leave "
-            "--attention-backend unset."
-        )
 
     # ---- configuration --------------------------------------------------------------
     @classmethod
