@@ -56,13 +56,7 @@ class KunlunHostEmulationPlatform(KunlunPlatformBase):
     _attn_default = AttentionBackendEnum.CUSTOM
     _attn_allowed = (AttentionBackendEnum.CUSTOM,)
     _attn_refused = _EMULATION_REFUSED_ATTN_BACKENDS
-    additional_env_vars: list[str] = [
-        "VLLM_KUNLUN_HOST_EMULATION",
-        "VLLM_KUNLUN_EMULATION_KV_CACHE_GIB",
-        "VLLM_KUNLUN_SAMPLER",
-        "VLLM_KUNLUN_SCHEMA_FIX",
-        "VLLM_KUNLUN_TP_SAMPLE_BROADCAST",
-    ]
+    additional_env_vars: list[str] = [*envs.registry()]
 
     # ---- device ---------------------------------------------------------------------
     @classmethod

@@ -16,6 +16,7 @@ import torch
 from vllm.platforms.interface import Platform, PlatformEnum
 from vllm.v1.attention.backends.registry import AttentionBackendEnum
 
+from vllm_kunlun import envs
 from vllm_kunlun.device import probe_devices
 from vllm_kunlun.logger import init_logger
 from vllm_kunlun.patching.runtime import apply_runtime_fixes
@@ -210,13 +211,7 @@ class KunlunPlatform(KunlunPlatformBase):
     ray_device_key: str = "GPU"
     dist_backend: str = "nccl"
     device_control_env_var: str = "XPU_VISIBLE_DEVICES"
-    additional_env_vars: list[str] = [
-        "XPU_VISIBLE_DEVICES",
-        "VLLM_KUNLUN_FORCE_PLATFORM",
-        "VLLM_KUNLUN_SAMPLER",
-        "VLLM_KUNLUN_SCHEMA_FIX",
-        "VLLM_KUNLUN_TP_SAMPLE_BROADCAST",
-    ]
+    additional_env_vars: list[str] = ["XPU_VISIBLE_DEVICES", *envs.registry()]
 
     # ---- identity -----------------------------------------------------------------
     # is_cuda() and is_cuda_alike() stay False (OOT): vLLM's cuda-alike paths assume
