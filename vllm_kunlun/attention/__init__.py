@@ -59,23 +59,14 @@ def select_portable(attn_selector_config: Any) -> str:
     if path != PORTABLE_BACKEND_PATH:
         return path  # someone else's CUSTOM backend, chosen explicitly
     backend = resolve_obj_by_qualname(path)
-    c = attn_selector_config
     reasons = backend.validate_configuration(
-        head_size=c.head_size,
-        dtype=c.dtype,
-        kv_cache_dtype=c.kv_cache_dtype,
-        block_size=c.block_size,
-        use_mla=c.use_mla,
-        has_sink=c.has_sink,
-        use_sparse=c.use_sparse,
-        use_mm_prefix=c.use_mm_prefix,
-        device_capability=None,
-        attn_type=c.attn_type,
+        device_capability=None, **attn_selector_config._asdict()
     )
     if reasons:
         raise ValueError(
             "The vllm-kunlun portable attention backend (CUSTOM) cannot serve this "
-            f"layer: {', '.join(reasons)} ({c!r}). It handles decoder-only causal "
+            f"layer: {', '.join(reasons)} ({attn_selector_config!r}). It handles "
+            "decoder-only causal "
             "attention with GQA, kv_cache_dtype auto, float16/bfloat16/float32."
         )
     init_logger(__name__).info_once(
