@@ -47,8 +47,10 @@ def _set(obj: Any, field: str, value: Any, why: str) -> None:
 
 def apply_kunlun_defaults(vllm_config: VllmConfig) -> None:
     from vllm_kunlun.patching.engine import warn_if_not_applied
+    from vllm_kunlun.patching.runtime import warn_if_general_plugin_filtered
 
     warn_if_not_applied()  # once per process; names the fix `vllm-kunlun patch apply`
+    warn_if_general_plugin_filtered()
     parallel = vllm_config.parallel_config
     if parallel.worker_cls == "auto":
         _set(parallel, "worker_cls", WORKER_CLS, "CUDA-compat GPU worker")

@@ -28,3 +28,29 @@ def apply_runtime_fixes() -> None:
         )
     # Device-side sampling; deferred while vLLM is still resolving current_platform.
     sample_patches.apply_all()
+
+
+GENERAL_PLUGIN = "kunlun_runtime_fixes"
+
+
+def warn_if_general_plugin_filtered() -> bool:
+    """Warn (once) when VLLM_PLUGINS keeps our general plugin out; True if it does.
+
+    Worker processes get the sampling patches from that plugin: without it vLLM's own
+    sampler, with its CPU-only ``exponential_`` on Kunlun, comes back silently.
+    """
+    import vllm.envs
+
+    allowed = vllm.envs.VLLM_PLUGINS
+    if allowed is None or GENERAL_PLUGIN in allowed:
+        return False
+    logger.warning_once(
+        "vllm-kunlun: VLLM_PLUGINS=%s does not include %s: workers keep vLLM's own "
+        "sampler, whose exponential_ runs on the CPU on Kunlun (decode stalls). Fix: "
+        "add %s to VLLM_PLUGINS (e.g. VLLM_PLUGINS=kunlun,%s).",
+        ",".join(allowed),
+        GENERAL_PLUGIN,
+        GENERAL_PLUGIN,
+        GENERAL_PLUGIN,
+    )
+    return True
