@@ -179,11 +179,10 @@ class KunlunPlatformBase(Platform):
     def get_device_communicator_cls(cls) -> str:
         # torch.distributed collectives on the device group (nccl on Kunlun, gloo in
         # emulation); vLLM's CudaCommunicator loads NVIDIA's libnccl through ctypes and
-        # custom all-reduce needs vllm._C.
-        return (
-            "vllm.distributed.device_communicators.base_device_communicator."
-            "DeviceCommunicatorBase"
-        )
+        # custom all-reduce needs vllm._C. See communicator.py for what gloo needs.
+        from vllm_kunlun.communicator import COMMUNICATOR
+
+        return COMMUNICATOR
 
     @classmethod
     def import_kernels(cls) -> None:
