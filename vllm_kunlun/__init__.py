@@ -82,6 +82,7 @@ def register_runtime_fixes() -> None:
 
         if not isinstance(current_platform, KunlunPlatformBase):
             return
+        from vllm_kunlun import input_guard
         from vllm_kunlun.guards import install as install_guards
         from vllm_kunlun.patching.runtime import apply_runtime_fixes
 
@@ -90,6 +91,7 @@ def register_runtime_fixes() -> None:
         # resolves the model path, and only from inside functions: arg_utils is fully
         # imported here, which the platform's __init__ cannot rely on.
         install_guards()
+        input_guard.install()
     except Exception:
         logger.exception("vllm-kunlun: applying runtime fixes failed")
         raise

@@ -104,9 +104,11 @@ class KunlunPlatformBase(Platform):
     ) -> None:
         # Called before vLLM reads --model (CLI parser, top of create_engine_config):
         # the model-path guard must be in place by then (see vllm_kunlun/guards.py).
+        from vllm_kunlun import input_guard
         from vllm_kunlun.guards import install
 
         install()
+        input_guard.install()
 
     # ---- attention ------------------------------------------------------------------
     @classmethod
