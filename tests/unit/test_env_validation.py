@@ -84,7 +84,7 @@ def test_kv_cache_gib_accepts_finite_sizes(
 ) -> None:
     monkeypatch.setenv("VLLM_KUNLUN_EMULATION_KV_CACHE_GIB", raw)
     envs.validate_all()
-    assert envs.VLLM_KUNLUN_EMULATION_KV_CACHE_GIB == float(raw)
+    assert float(raw) == envs.VLLM_KUNLUN_EMULATION_KV_CACHE_GIB
     assert int(envs.VLLM_KUNLUN_EMULATION_KV_CACHE_GIB * (1 << 30)) > 0  # no overflow
 
 
@@ -93,7 +93,7 @@ def test_patch_dir_accepts_an_existing_directory(
 ) -> None:
     monkeypatch.setenv("VLLM_KUNLUN_PATCH_DIR", str(tmp_path))
     envs.validate_all()
-    assert envs.VLLM_KUNLUN_PATCH_DIR == str(tmp_path)
+    assert str(tmp_path) == envs.VLLM_KUNLUN_PATCH_DIR
 
 
 def test_unknown_names_get_the_nearest_declared_one() -> None:
