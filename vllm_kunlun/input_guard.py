@@ -21,7 +21,6 @@ general plugin). Removal: when vLLM checks both bounds itself.
 from __future__ import annotations
 
 import functools
-from collections.abc import Sequence
 from types import ModuleType
 from typing import Any
 
@@ -45,7 +44,7 @@ def vocab_bound(model_vocab: int, tokenizer: Any | None) -> int:
     return max(int(model_vocab), len(tokenizer))
 
 
-def check_token_ids(ids: Sequence[int] | Any, bound: int, what: str = "prompt") -> None:
+def check_token_ids(ids: Any, bound: int, what: str = "prompt") -> None:
     """Raise ``TokenIdError`` unless every id is in ``[0, bound)``.
 
     ``ids`` is a list of ints (vLLM 0.15.1's prompts) or a tensor / array.
