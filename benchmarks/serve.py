@@ -37,6 +37,9 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from throughput import random_dataset_args  # noqa: E402  (a sibling script)
+
 SERVED_NAME = "bench"
 METRICS = ("ttft", "tpot", "itl", "e2el")
 
@@ -106,15 +109,7 @@ def bench_command(
         SERVED_NAME,
         "--tokenizer",
         tokenizer,
-        "--dataset-name",
-        "random",
-        # Explicit: 0.15.1's defaults (1024/128) would silently replace fixed lengths.
-        "--random-input-len",
-        str(profile.input_len),
-        "--random-output-len",
-        str(profile.output_len),
-        "--random-range-ratio",
-        "0",
+        *random_dataset_args(profile.input_len, profile.output_len),
         "--ignore-eos",
         "--num-prompts",
         str(num_prompts(concurrency)),
