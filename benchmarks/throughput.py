@@ -92,6 +92,21 @@ _BANNERS = {
 }
 
 
+def random_dataset_args(input_len: int, output_len: int) -> list[str]:
+    """vLLM's random dataset at fixed lengths (also used by benchmarks/serve.py)."""
+    return [
+        "--dataset-name",
+        "random",
+        # Explicit: 0.15.1's defaults (1024/128) would silently replace fixed lengths.
+        "--random-input-len",
+        str(input_len),
+        "--random-output-len",
+        str(output_len),
+        "--random-range-ratio",
+        "0",
+    ]
+
+
 def build_command(profile: Profile, model: str, output_json: Path) -> list[str]:
     return [
         sys.executable,
@@ -101,15 +116,7 @@ def build_command(profile: Profile, model: str, output_json: Path) -> list[str]:
         "throughput",
         "--model",
         model,
-        "--dataset-name",
-        "random",
-        # Explicit: 0.15.1's defaults (1024/128) would silently replace fixed lengths.
-        "--random-input-len",
-        str(profile.input_len),
-        "--random-output-len",
-        str(profile.output_len),
-        "--random-range-ratio",
-        "0",
+        *random_dataset_args(profile.input_len, profile.output_len),
         "--num-prompts",
         str(profile.num_prompts),
         "--max-num-seqs",

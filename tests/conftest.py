@@ -7,12 +7,14 @@ imports them.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import subprocess
 import sys
 import textwrap
 from collections.abc import Iterator
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 
@@ -52,6 +54,16 @@ def run_python(
         timeout=timeout,
         cwd=cwd or REPO,
     )
+
+
+def load_script(path: Path, name: str) -> ModuleType:
+    """Import a script that is not a package module (a benchmark) under ``name``."""
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
 
 
 def pytest_configure(config: pytest.Config) -> None:

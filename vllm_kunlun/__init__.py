@@ -25,7 +25,10 @@ def register() -> str | None:
     try:
         from vllm_kunlun import envs
         from vllm_kunlun.device import probe_devices
+        from vllm_kunlun.patching.runtime import apply_schema_fix
 
+        # Device or not: on torch < 2.6 no vLLM command imports vllm.config without it.
+        apply_schema_fix()
         if envs.VLLM_KUNLUN_HOST_EMULATION:
             logger.debug("vllm-kunlun: host emulation (VLLM_KUNLUN_HOST_EMULATION=1)")
             return EMULATION_PLATFORM
@@ -57,18 +60,29 @@ def register() -> str | None:
 def register_runtime_fixes() -> None:
     """``vllm.general_plugins`` entry point: runtime fixes for the active platform.
 
-    Does nothing unless the current platform is one of ours.
+    Does nothing unless the current platform is one of ours, or none is: vLLM loads
+    general plugins just before its engine arguments infer the device, so this is where
+    a command that cannot work without a device says why (vLLM would say "Failed to
+    infer device type").
     """
+    from vllm.platforms import current_platform
+
+    if current_platform.is_unspecified():
+        from vllm_kunlun import envs
+        from vllm_kunlun.device import NoDeviceError, no_device_message, probe_devices
+
+        envs.validate_all()  # a malformed VLLM_KUNLUN_* may be why register() failed
+        raise NoDeviceError(no_device_message(probe_devices()))
+
     from vllm_kunlun.logger import init_logger
 
     logger = init_logger(__name__)
     try:
-        from vllm.platforms import current_platform
-
         from vllm_kunlun.platform import KunlunPlatformBase
 
         if not isinstance(current_platform, KunlunPlatformBase):
             return
+        from vllm_kunlun import input_guard
         from vllm_kunlun.guards import install as install_guards
         from vllm_kunlun.patching.runtime import apply_runtime_fixes
 
@@ -77,6 +91,7 @@ def register_runtime_fixes() -> None:
         # resolves the model path, and only from inside functions: arg_utils is fully
         # imported here, which the platform's __init__ cannot rely on.
         install_guards()
+        input_guard.install()
     except Exception:
         logger.exception("vllm-kunlun: applying runtime fixes failed")
         raise

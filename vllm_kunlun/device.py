@@ -46,3 +46,23 @@ def device_nodes(dev_root: str = "/dev") -> DeviceNodes:
         indices=tuple(sorted(indices)),
         has_ctrl=os.path.exists(os.path.join(dev_root, "xpuctrl")),
     )
+
+
+class NoDeviceError(RuntimeError):
+    """A vLLM command that needs a device, on a host where no platform is active."""
+
+
+def no_device_message(probe: DeviceProbe) -> str:
+    """Why an engine command cannot start here, and the ways to make it start.
+
+    vLLM's own words for this case are "Failed to infer device type".
+    """
+    return (
+        "vllm-kunlun: this vLLM command needs a device and vLLM found none: no Kunlun "
+        f"device detected ({probe.source}) and no other vLLM platform is active. "
+        "Fix: on a Kunlun host, install the vendor torch_xmlir wheel and map every "
+        "/dev/xpuN and /dev/xpuctrl into the container (`vllm-kunlun doctor` names "
+        "what is missing); to run on this host's CPU instead, set "
+        "VLLM_KUNLUN_HOST_EMULATION=1 (tests and demos; not a Kunlun device). "
+        "Client-only commands such as `vllm bench serve` need no device."
+    )

@@ -80,9 +80,9 @@ class KunlunHostEmulationPlatform(KunlunPlatformBase):
     def set_device(cls, device: torch.device) -> None:
         return None
 
-    @classmethod
-    def inference_mode(cls) -> torch.no_grad:
-        return torch.no_grad()
+    # No inference_mode() override (vLLM's CPU platform returns no_grad there): vLLM
+    # 0.15.1 never calls it, its workers hard-code torch.inference_mode(), as on
+    # Kunlun. What gloo needs under inference mode is in communicator.py.
 
     @classmethod
     def is_pin_memory_available(cls) -> bool:

@@ -2,22 +2,30 @@
 
 One registry, so that the README, the doctor and the tests agree on names, types and
 defaults. Values are read at attribute access (never at import), so a variable set by a
-launcher after ``import vllm_kunlun`` still counts. A malformed value raises ``ValueError``
-naming the variable, the value and what is accepted: a typo must not silently mean
-"default".
+launcher after ``import vllm_kunlun`` still counts. A malformed value raises
+``EnvVarError`` naming the variable, the value and what is accepted: a typo must not
+silently mean "default". ``validate_all()`` checks every variable at once; the platforms
+call it when they start, in every process.
 
 This module must stay importable without torch or vLLM: ``setup.py`` loads it by path.
 """
 
 from __future__ import annotations
 
+import difflib
+import math
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off"}
+PREFIX = "VLLM_KUNLUN_"
+
+
+class EnvVarError(ValueError):
+    """A ``VLLM_KUNLUN_*`` variable with a value its parser refuses."""
 
 
 @dataclass(frozen=True)
@@ -35,7 +43,7 @@ def _parse_bool(name: str, raw: str) -> bool:
         return True
     if value in _FALSE:
         return False
-    raise ValueError(
+    raise EnvVarError(
         f"{name}={raw!r} is not a boolean; use one of 1/0, true/false, yes/no, on/off "
         f"(or unset {name} for its default)"
     )
@@ -51,7 +59,7 @@ def _choice(*choices: str) -> Callable[[str, str], str]:
     def parse(name: str, raw: str) -> str:
         value = raw.strip().lower()
         if value not in choices:
-            raise ValueError(
+            raise EnvVarError(
                 f"{name}={raw!r} is not valid; use one of: {', '.join(choices)}"
             )
         return value
@@ -59,19 +67,36 @@ def _choice(*choices: str) -> Callable[[str, str], str]:
     return parse
 
 
-def _positive_float(name: str, raw: str) -> float:
-    try:
-        value = float(raw)
-    except ValueError:
-        value = float("nan")
-    if not value > 0:
-        raise ValueError(f"{name}={raw!r} must be a positive number")
-    return value
+def _bounded_float(upper: float) -> Callable[[str, str], float]:
+    """A finite number in (0, upper]: ``inf`` or ``1e400`` would end as a bare
+    OverflowError wherever the value is turned into bytes."""
+
+    def parse(name: str, raw: str) -> float:
+        try:
+            value = float(raw)
+        except ValueError:
+            value = math.nan
+        if not (math.isfinite(value) and 0 < value <= upper):
+            raise EnvVarError(
+                f"{name}={raw!r} must be a positive number no larger than {upper:g}"
+            )
+        return value
+
+    return parse
 
 
-def _optional_path(name: str, raw: str) -> str | None:
-    return raw.strip() or None
+def _optional_dir(name: str, raw: str) -> str | None:
+    path = raw.strip()
+    if path and not os.path.isdir(path):
+        raise EnvVarError(
+            f"{name}={raw!r} is not an existing directory; point it at one (or unset "
+            f"{name} for its default)"
+        )
+    return path or None
 
+
+# Far above any host this emulation runs on; a larger value is a typo.
+EMULATION_KV_CACHE_GIB_MAX = 1024.0
 
 _VARS: dict[str, EnvVar] = {
     v.name: v
@@ -95,10 +120,10 @@ _VARS: dict[str, EnvVar] = {
         ),
         EnvVar(
             "VLLM_KUNLUN_EMULATION_KV_CACHE_GIB",
-            _positive_float,
+            _bounded_float(EMULATION_KV_CACHE_GIB_MAX),
             1.0,
             "KV cache size in GiB in host emulation (vLLM's CPU default is half the RAM).",
-            "a positive number",
+            f"a number in (0, {EMULATION_KV_CACHE_GIB_MAX:g}]",
         ),
         EnvVar(
             "VLLM_KUNLUN_BUILD_EXT",
@@ -112,7 +137,8 @@ _VARS: dict[str, EnvVar] = {
             _parse_bool,
             True,
             "Let torch < 2.6 infer custom-op schemas from list[int] / X | None "
-            "annotations when the Kunlun platform is active.",
+            "annotations (applied whenever torch < 2.6 is installed, device or not: "
+            "without it `import vllm.config` fails).",
             "1/0",
         ),
         EnvVar(
@@ -134,11 +160,11 @@ _VARS: dict[str, EnvVar] = {
         ),
         EnvVar(
             "VLLM_KUNLUN_PATCH_DIR",
-            _optional_path,
+            _optional_dir,
             None,
             "Directory of the patch_torch251 file patch set used by `vllm-kunlun "
             "patch` (default: patches/vllm-0.15.1-torch-2.5.1 of the source checkout).",
-            "a directory path",
+            "an existing directory",
         ),
     )
 }
@@ -155,6 +181,51 @@ def read(name: str) -> Any:
     if raw is None:
         return var.default
     return var.parse(name, raw)
+
+
+def problems(environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """Every declared variable whose value does not parse: name -> the refusal."""
+    env = os.environ if environ is None else environ
+    found = {}
+    for name, var in _VARS.items():
+        raw = env.get(name)
+        if raw is None:
+            continue
+        try:
+            var.parse(name, raw)
+        except ValueError as exc:
+            found[name] = str(exc)
+    return found
+
+
+def unknown(environ: Mapping[str, str] | None = None) -> dict[str, str | None]:
+    """``VLLM_KUNLUN_*`` names nothing declares (typos): name -> the nearest declared
+    name, or None."""
+    env = os.environ if environ is None else environ
+    # Compare what follows the shared prefix, which would make every name look close.
+    suffixes = {name.removeprefix(PREFIX): name for name in _VARS}
+    found: dict[str, str | None] = {}
+    for name in sorted(env):
+        if name.startswith(PREFIX) and name not in _VARS:
+            near = difflib.get_close_matches(name.removeprefix(PREFIX), suffixes, n=1)
+            found[name] = suffixes[near[0]] if near else None
+    return found
+
+
+def validate_all(environ: Mapping[str, str] | None = None) -> None:
+    """Refuse every malformed variable at once (``EnvVarError``).
+
+    Called when a platform of ours starts, in every process: a bad value stops the
+    engine at start instead of killing it at the first request that reads it.
+    """
+    found = problems(environ)
+    if found:
+        lines = "\n".join(f"  - {msg}" for msg in found.values())
+        raise EnvVarError(
+            f"vllm-kunlun: {len(found)} malformed environment variable(s):\n{lines}\n"
+            "Set each to an accepted value or unset it (`vllm-kunlun doctor` lists "
+            "them too)."
+        )
 
 
 def __getattr__(name: str) -> Any:

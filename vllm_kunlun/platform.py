@@ -40,6 +40,18 @@ _NVIDIA_ONLY_ATTN_BACKENDS = {
 }
 
 
+def check_environment() -> None:
+    """Refuse malformed ``VLLM_KUNLUN_*`` values; warn about names nothing declares."""
+    envs.validate_all()
+    for name, near in envs.unknown().items():
+        logger.warning_once(
+            "vllm-kunlun: %s is not a variable of this vllm-kunlun version and is "
+            "ignored%s",
+            name,
+            f" (did you mean {near}?)" if near else "",
+        )
+
+
 class KunlunPlatformBase(Platform):
     """What every vllm-kunlun platform shares: KunlunPlatform and host emulation.
 
@@ -77,6 +89,10 @@ class KunlunPlatformBase(Platform):
             raise ValueError(f"{cls._dtype_refusal.format(dtype=dtype)} (or {names}).")
 
     def __init__(self) -> None:
+        # Every VLLM_KUNLUN_* value first, in every process that builds a platform of
+        # ours (API server, engine core, workers): a bad value stops it here, not the
+        # engine at the first request that reads the variable.
+        check_environment()
         # vLLM builds the platform object while it imports its own modules; the schema
         # fix has to be in place before vllm.distributed registers its custom ops.
         apply_runtime_fixes()
@@ -88,9 +104,11 @@ class KunlunPlatformBase(Platform):
     ) -> None:
         # Called before vLLM reads --model (CLI parser, top of create_engine_config):
         # the model-path guard must be in place by then (see vllm_kunlun/guards.py).
+        from vllm_kunlun import input_guard
         from vllm_kunlun.guards import install
 
         install()
+        input_guard.install()
 
     # ---- attention ------------------------------------------------------------------
     @classmethod
@@ -179,11 +197,10 @@ class KunlunPlatformBase(Platform):
     def get_device_communicator_cls(cls) -> str:
         # torch.distributed collectives on the device group (nccl on Kunlun, gloo in
         # emulation); vLLM's CudaCommunicator loads NVIDIA's libnccl through ctypes and
-        # custom all-reduce needs vllm._C.
-        return (
-            "vllm.distributed.device_communicators.base_device_communicator."
-            "DeviceCommunicatorBase"
-        )
+        # custom all-reduce needs vllm._C. See communicator.py for what gloo needs.
+        from vllm_kunlun.communicator import COMMUNICATOR
+
+        return COMMUNICATOR
 
     @classmethod
     def import_kernels(cls) -> None:

@@ -20,7 +20,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 SEED = 20260815
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: the tokenizer has a chat template (weights unchanged)
 MARKER = "vllm-kunlun-tiny.json"
 
 # The tokenizer's vocabulary: special tokens, then a fixed word list. Order is the id.
@@ -147,8 +147,22 @@ def _tokenizer_json(vocab: list[str]) -> str:
     return tok.to_str(pretty=True)
 
 
+# Chat completions need a template. Roles become vocabulary words ("you :" / "i :"),
+# so a rendered chat has no <unk> tokens; the content is plain text (vLLM detects the
+# "string" content format from ``message['content']``).
+CHAT_TEMPLATE = (
+    "{%- set names = {'system': 'the model', 'user': 'you', 'assistant': 'i'} -%}"
+    "{%- for message in messages -%}"
+    "{{ names.get(message['role'], message['role']) }} : {{ message['content'] }}"
+    "{{ '\\n' }}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}i :{%- endif -%}"
+)
+
+
 def _tokenizer_config() -> dict:
     return {
+        "chat_template": CHAT_TEMPLATE,
         "tokenizer_class": "PreTrainedTokenizerFast",
         "bos_token": "<|endoftext|>",
         "eos_token": "<|endoftext|>",

@@ -8,12 +8,16 @@ keeps inert.
 
 Spec: {"backend": "vllm" | "hf", "model": DIR, "llm": {LLM kwargs},
        "guard_exponential": bool (also runs the engine core in this process),
+       "engine_in_process": bool (the engine core in this process, no guard),
+       "rank_probe": int (tensor parallel: seed each rank's RNG differently from this
+                     base and record every rank's sampled tokens, see RankProbe),
        "jobs": [{"name": str, "requests": [{"prompt": str, "max_tokens": int,
                  "sampling": {SamplingParams kwargs}}]}],
        "hf_jobs": [jobs for a transformers greedy reference after the engine jobs]}
 Result: {"jobs": {name: [{"prompt_token_ids", "token_ids", "text",
          "num_cached_tokens"}]}, "hf": {name: [...]}, "exponential_calls": [stack],
-         "serving": [...], "error": str | None}
+         "serving": [...], "ranks": [RankProbe records, one per rank],
+         "error": str | None}
 """
 
 from __future__ import annotations
@@ -23,6 +27,49 @@ import os
 import sys
 import traceback
 from typing import Any
+
+from vllm_kunlun.serving_info import ServingInfo
+
+PROBE_EXTENSION = "e2e_runner.RankProbe"
+
+
+class RankProbe(ServingInfo):
+    """Test-only worker extension: what each tensor-parallel rank sampled.
+
+    ``rank_probe_start`` seeds every rank's global RNG differently (as Kunlun ranks'
+    device RNGs may differ) and wraps the plugin sampler's broadcast, recording each
+    call's own draw (before) and the tokens the rank went on with (after). Workers
+    import this module by name (spawned workers inherit this script's ``sys.path``).
+    """
+
+    def rank_probe_start(self, seed_base: int) -> None:
+        import torch
+
+        from vllm_kunlun.sample import topk_topp
+
+        rank = int(self.rank)  # type: ignore[attr-defined]
+        torch.manual_seed(seed_base + 1000 * rank)
+        records: list[dict[str, list[int]]] = []
+        broadcast = topk_topp.broadcast_from_first_rank
+
+        def recording(tokens: torch.Tensor) -> torch.Tensor:
+            own = tokens.view(-1).tolist()
+            out = broadcast(tokens)
+            records.append({"own": own, "used": out.view(-1).tolist()})
+            return out
+
+        topk_topp.broadcast_from_first_rank = recording  # type: ignore[assignment]
+        self._rank_probe_records = records
+
+    def rank_probe_result(self) -> dict[str, Any]:
+        from vllm.distributed import get_tp_group
+
+        communicator = type(get_tp_group().device_communicator)
+        return {
+            "rank": int(self.rank),  # type: ignore[attr-defined]
+            "communicator": f"{communicator.__module__}.{communicator.__qualname__}",
+            "records": self._rank_probe_records,
+        }
 
 
 class ExponentialCalled(RuntimeError):
@@ -46,9 +93,11 @@ def install_exponential_guard(calls: list[str]) -> None:
 
 def run_vllm(spec: dict[str, Any]) -> dict[str, Any]:
     calls: list[str] = []
-    if spec.get("guard_exponential"):
-        # The engine core must run in this process for the guard to see it.
+    if spec.get("guard_exponential") or spec.get("engine_in_process"):
+        # The engine core in this process (and one process start less).
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    if spec.get("guard_exponential"):
+        # The guard sees the engine core (the sampler runs there at TP 1).
         install_exponential_guard(calls)
     result: dict[str, Any] = {"jobs": {}, "exponential_calls": calls, "error": None}
     try:
@@ -56,10 +105,12 @@ def run_vllm(spec: dict[str, Any]) -> dict[str, Any]:
 
         from vllm_kunlun.serving_info import SERVING_INFO_METHOD, WORKER_EXTENSION
 
-        llm = LLM(
-            model=spec["model"], worker_extension_cls=WORKER_EXTENSION, **spec["llm"]
-        )
+        probe = spec.get("rank_probe")
+        extension = WORKER_EXTENSION if probe is None else PROBE_EXTENSION
+        llm = LLM(model=spec["model"], worker_extension_cls=extension, **spec["llm"])
         result["serving"] = llm.collective_rpc(SERVING_INFO_METHOD)
+        if probe is not None:
+            llm.collective_rpc("rank_probe_start", args=(int(probe),))
         for job in spec["jobs"]:
             requests = job["requests"]
             params = [
@@ -80,6 +131,8 @@ def run_vllm(spec: dict[str, Any]) -> dict[str, Any]:
                 }
                 for o in outputs
             ]
+        if probe is not None:
+            result["ranks"] = llm.collective_rpc("rank_probe_result")
         if spec.get("hf_jobs"):
             # transformers is already imported by vLLM: the reference costs only its
             # forward passes here.

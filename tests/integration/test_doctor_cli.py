@@ -33,6 +33,7 @@ def test_doctor_json_on_a_broken_site(tmp_path: Path) -> None:
     jsonschema.validate(doc, json_schema())
     by_name = {f["check"]: f for f in doc["findings"]}
     assert list(by_name) == [
+        "environment",
         "platform",
         "devices",
         "stack_versions",

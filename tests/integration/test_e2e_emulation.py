@@ -292,3 +292,69 @@ def test_engine_start_guard_names_the_missing_model_path(tmp_path: Path) -> None
     assert "ModelPathError" in proc.stderr, proc.stderr[-3000:]
     assert "models/Qwen3.8-27B-W8A8-INT8-Dynamic" in proc.stderr
     assert "huggingface_hub.errors.HFValidationError" not in proc.stderr
+
+
+# ---- tensor parallel 2: vLLM's multiprocessing executor, the plugin's communicator ------
+
+TP2_UNSEEDED = {
+    "name": "unseeded",
+    "requests": [req(p, 8, temperature=1.0) for p in GREEDY_PROMPTS],
+}
+
+
+@pytest.fixture(scope="module")
+def run_tp2(model_dir: str, work: Path) -> dict:
+    """Two worker processes in one gloo TP group, every rank's RNG seeded differently
+    (``rank_probe``); the seeded batch twice, then unseeded sampling."""
+    spec = {
+        "backend": "vllm",
+        "model": model_dir,
+        "llm": {**LLM_ARGS, "tensor_parallel_size": 2},
+        "engine_in_process": True,
+        "rank_probe": 5,
+        "jobs": [
+            *GREEDY_JOBS,
+            SEEDED_A,
+            {**SEEDED_A, "name": "seeded_a_again"},
+            TP2_UNSEEDED,
+        ],
+    }
+    return run_spec(spec, work, "run_tp2", timeout=600)
+
+
+def test_tp2_runs_two_worker_processes_on_the_plugins_communicator(
+    run_tp2: dict,
+) -> None:
+    serving = run_tp2["serving"]
+    assert len(serving) == 2 and serving[0]["pid"] != serving[1]["pid"]
+    assert all(s["platform"].endswith("KunlunHostEmulationPlatform") for s in serving)
+    assert [r["rank"] for r in run_tp2["ranks"]] == [0, 1]
+    for rank in run_tp2["ranks"]:
+        assert rank["communicator"] == "vllm_kunlun.communicator.KunlunCommunicator"
+
+
+def test_tp2_greedy_matches_tp1_and_transformers(
+    run_tp2: dict, run1: dict, hf: dict
+) -> None:
+    for job in ("warm_prefix", "greedy"):
+        rows = zip(run_tp2["jobs"][job], run1["jobs"][job], hf[job], strict=True)
+        for tp2, tp1, ref in rows:
+            assert tp2["prompt_token_ids"] == ref["prompt_token_ids"]
+            assert tp2["token_ids"] == tp1["token_ids"] == ref["token_ids"], tp2["text"]
+
+
+def test_tp2_every_rank_continues_with_rank0s_draw(run_tp2: dict) -> None:
+    rank0, rank1 = (r["records"] for r in run_tp2["ranks"])
+    assert len(rank0) == len(rank1) >= 12  # the seeded and unseeded sampling steps
+    for r0, r1 in zip(rank0, rank1, strict=True):
+        assert r0["used"] == r1["used"] == r0["own"]
+    # Negative control: the ranks' RNGs really differ, so without the broadcast
+    # rank 1 would have gone on with other tokens.
+    assert any(r0["own"] != r1["own"] for r0, r1 in zip(rank0, rank1, strict=True))
+
+
+def test_tp2_seeded_sampling_is_reproducible(run_tp2: dict) -> None:
+    first, again = run_tp2["jobs"]["seeded_a"], run_tp2["jobs"]["seeded_a_again"]
+    for i, r in enumerate(SEEDED_A["requests"]):
+        if "seed" in r["sampling"]:
+            assert first[i]["token_ids"] == again[i]["token_ids"], r

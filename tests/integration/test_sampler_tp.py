@@ -1,4 +1,5 @@
-"""Tensor-parallel consistency: every TP rank emits TP rank 0's tokens.
+"""Tensor-parallel consistency: every TP rank emits TP rank 0's tokens; the TP group's
+collectives work under inference mode on gloo.
 
 Two CPU processes form a real vLLM TP group (gloo) under the host emulation platform,
 with the runtime patches applied by the plugin's own general-plugin entry point. Their
@@ -35,6 +36,16 @@ RANK_SCRIPT = textwrap.dedent(
         distributed_init_method=f"tcp://127.0.0.1:{port}",
     )
     ps.initialize_model_parallel(tensor_model_parallel_size=2)
+    result = {}
+    # The collectives vLLM's model runner calls, under its inference mode (logits).
+    tp = ps.get_tp_group()
+    with torch.inference_mode():
+        part = (torch.arange(3.0) + 10 * rank).view(1, 3)
+        gathered = tp.all_gather(part, dim=-1)
+        collected = tp.gather(part, dst=0, dim=0)
+    result["communicator"] = type(tp.device_communicator).__name__
+    result["all_gather"] = gathered.tolist()
+    result["gather"] = None if collected is None else collected.tolist()
     from vllm.v1.sample.logits_processor import LogitsProcessors
     from vllm.v1.sample.metadata import SamplingMetadata
     from vllm.v1.sample.sampler import Sampler
@@ -56,7 +67,6 @@ RANK_SCRIPT = textwrap.dedent(
     assert type(sampler.topk_topp_sampler).__name__ == "KunlunTopKTopPSampler"
     torch.manual_seed(1000 + rank)  # the ranks' RNGs differ
     logits = torch.randn(16, 2000, generator=torch.Generator().manual_seed(5))
-    result = {}
     for setting in ("auto", "0"):
         os.environ["VLLM_KUNLUN_TP_SAMPLE_BROADCAST"] = setting
         drawn = []
@@ -114,6 +124,11 @@ def test_tp_ranks_with_different_rngs_emit_identical_tokens() -> None:
         line = next(x for x in out.splitlines() if x.startswith("RESULT "))
         results.append(json.loads(line[len("RESULT ") :]))
     rank0, rank1 = results
+    for r in results:
+        assert r["communicator"] == "KunlunCommunicator"
+        assert r["all_gather"] == [[0.0, 1.0, 2.0, 10.0, 11.0, 12.0]]
+    assert rank0["gather"] == [[0.0, 1.0, 2.0], [10.0, 11.0, 12.0]]
+    assert rank1["gather"] is None
     assert rank0["auto"] == rank1["auto"]  # broadcast on (default for TP = 2)
     assert rank0["0"] != rank1["0"]  # negative control: the RNGs really differ
     assert "TP rank 0 samples for its 2-rank TP group" in outputs[1]

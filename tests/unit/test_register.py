@@ -47,3 +47,52 @@ def test_bad_variable_raises_after_logging(monkeypatch: pytest.MonkeyPatch) -> N
     monkeypatch.setenv("VLLM_KUNLUN_HOST_EMULATION", "perhaps")
     with pytest.raises(ValueError, match="VLLM_KUNLUN_HOST_EMULATION"):
         vllm_kunlun.register()
+
+
+def test_schema_fix_applies_without_a_device() -> None:
+    """On torch < 2.6 no vLLM command imports vllm.config without it, whichever
+    platform vLLM ends up with (``vllm bench serve --help`` on a plain host)."""
+    from vllm_kunlun.patching import schema
+
+    if not schema.needed():
+        pytest.skip("torch >= 2.6 needs no schema fix")
+    was_applied = schema.applied()
+    schema.revert()
+    try:
+        assert vllm_kunlun.register() is None  # no device: no platform of ours
+        assert schema.applied()
+    finally:
+        if not was_applied:
+            schema.revert()
+
+
+def test_engine_command_without_any_platform_says_why(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """vLLM loads general plugins right before its engine arguments infer the device;
+    with no platform at all it would say "Failed to infer device type"."""
+    import vllm.platforms
+    from vllm.platforms.interface import UnspecifiedPlatform
+
+    from vllm_kunlun.device import NoDeviceError
+
+    monkeypatch.setattr(vllm.platforms, "_current_platform", UnspecifiedPlatform())
+    with pytest.raises(NoDeviceError) as err:
+        vllm_kunlun.register_runtime_fixes()
+    message = str(err.value)
+    assert "no Kunlun device detected (torch_xmlir is not importable" in message
+    assert "VLLM_KUNLUN_HOST_EMULATION=1" in message and "/dev/xpuctrl" in message
+    # When register() failed on a malformed variable, that is the reason given.
+    monkeypatch.setenv("VLLM_KUNLUN_HOST_EMULATION", "2")
+    with pytest.raises(ValueError, match="VLLM_KUNLUN_HOST_EMULATION='2'"):
+        vllm_kunlun.register_runtime_fixes()
+
+
+def test_general_plugin_leaves_another_platform_alone(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import vllm.platforms
+    from vllm.platforms.cpu import CpuPlatform
+
+    monkeypatch.setattr(vllm.platforms, "_current_platform", CpuPlatform())
+    assert vllm_kunlun.register_runtime_fixes() is None

@@ -75,3 +75,30 @@ def test_cli_writes_the_model(tmp_path: Path, capsys: pytest.CaptureFixture) -> 
     assert main(["tiny-model", str(tmp_path / "m")]) == 0
     assert tiny_model.is_tiny_model(tmp_path / "m")
     assert str(tmp_path / "m") in capsys.readouterr().out
+
+
+def test_chat_template_renders_a_chat_without_unknown_tokens(model_dir: Path) -> None:
+    """transformers renders the template (as vLLM's chat completions do)."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(model_dir))
+    chat = [
+        {"role": "system", "content": "be short"},
+        {"role": "user", "content": "what is the sea ?"},
+        {"role": "assistant", "content": "water"},
+        {"role": "user", "content": "and the river"},
+    ]
+    text = tok.apply_chat_template(chat, tokenize=False, add_generation_prompt=True)
+    assert text == (
+        "the model : be short\nyou : what is the sea ?\ni : water\nyou : and the river\ni :"
+    )
+    assert tok.unk_token_id not in tok(text)["input_ids"]
+    without = tok.apply_chat_template(chat[:2], tokenize=False)
+    assert without == "the model : be short\nyou : what is the sea ?\n"
+
+
+def test_a_cache_from_before_the_chat_template_is_rebuilt(tmp_path: Path) -> None:
+    target = tiny_model.write_tiny_model(tmp_path / "m")
+    marker = json.loads((target / tiny_model.MARKER).read_text())
+    (target / tiny_model.MARKER).write_text(json.dumps({**marker, "format": 1}))
+    assert not tiny_model.is_tiny_model(target)

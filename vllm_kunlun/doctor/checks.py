@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from vllm_kunlun.doctor.budget import check_kv_budget
 from vllm_kunlun.doctor.devices import check_devices, check_platform
+from vllm_kunlun.doctor.environment import check_environment
 from vllm_kunlun.doctor.finding import Check
 from vllm_kunlun.doctor.model_path import check_model_path
 from vllm_kunlun.doctor.patchset import check_patchset
@@ -16,6 +17,8 @@ from vllm_kunlun.doctor.transformers_compat import check_transformers_compat
 from vllm_kunlun.doctor.vendor_contract import check_vendor_contract
 
 CHECKS: list[tuple[str, Check]] = [
+    # First: a malformed variable stops the engine, and other checks read them too.
+    ("environment", check_environment),
     ("platform", check_platform),
     ("devices", check_devices),
     ("stack_versions", check_stack_versions),

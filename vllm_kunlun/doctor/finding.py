@@ -10,6 +10,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
+from vllm_kunlun.envs import EnvVarError
+
 Status = Literal["ok", "warn", "fail", "skip"]
 STATUSES: tuple[Status, ...] = ("ok", "warn", "fail", "skip")
 
@@ -59,6 +61,13 @@ Check = Callable[[Context], Finding]
 
 
 def crashed(name: str, exc: BaseException) -> Finding:
+    if isinstance(exc, EnvVarError):  # not a bug: the environment finding says why
+        return Finding(
+            check=name,
+            status="fail",
+            cause=f"cannot run with a malformed variable: {exc}",
+            fix="fix the variable (see the environment finding)",
+        )
     return Finding(
         check=name,
         status="fail",

@@ -3,7 +3,8 @@ change the plugin makes to vLLM (sampling, engine guards).
 
 A patch replaces one module attribute, keeps the original, checks first that the
 upstream object looks like the one it was written for (and says what differs when it
-does not), and can be reverted.
+does not), and can be reverted. ``attr`` may be dotted (``"Class.method"``): the last
+name is replaced on the object the others lead to.
 """
 
 from __future__ import annotations
@@ -43,10 +44,18 @@ class AttributePatch:
             module = importlib.import_module(self.module)
         except Exception as exc:
             return f"{self.module} does not import ({type(exc).__name__}: {exc})"
-        original = getattr(module, self.attr, _MISSING)
+        original = _lookup(module, self.attr)
         if original is _MISSING:
             return f"{self.target} does not exist"
         return self.check(module, original)
+
+    def _owner(self) -> tuple[Any, str]:
+        """The object that holds the replaced name, and that name."""
+        *path, name = self.attr.split(".")
+        owner: Any = sys.modules[self.module]
+        for part in path:
+            owner = getattr(owner, part)
+        return owner, name
 
     def apply(self) -> bool:
         """Install the replacement; False when already installed."""
@@ -59,17 +68,30 @@ class AttributePatch:
                 "vLLM 0.15.1 (the validated version); install vllm==0.15.1 or "
                 "use a vllm-kunlun release written for this vLLM."
             )
-        module = sys.modules[self.module]
-        original = getattr(module, self.attr)
-        setattr(module, self.attr, self.make(original))
+        owner, name = self._owner()
+        current = getattr(owner, name)
+        # The owner's own entry when it has one: revert puts back exactly that object
+        # (a staticmethod / classmethod wrapper, not what attribute access returns).
+        original = vars(owner).get(name, current)
+        setattr(owner, name, self.make(current))
         self._original = original
         return True
 
     def revert(self) -> None:
         if not self.applied():
             return
-        setattr(sys.modules[self.module], self.attr, self._original)
+        owner, name = self._owner()
+        setattr(owner, name, self._original)
         self._original = _MISSING
+
+
+def _lookup(module: ModuleType, dotted: str) -> Any:
+    obj: Any = module
+    for part in dotted.split("."):
+        obj = getattr(obj, part, _MISSING)
+        if obj is _MISSING:
+            break
+    return obj
 
 
 class PatchMismatch(RuntimeError):

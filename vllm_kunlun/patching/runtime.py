@@ -1,4 +1,5 @@
-"""The named runtime patches applied while a vllm-kunlun platform is active."""
+"""The named runtime patches applied while a vllm-kunlun platform is active, and the
+schema fix, applied whenever torch < 2.6 is installed."""
 
 from __future__ import annotations
 
@@ -10,8 +11,14 @@ from vllm_kunlun.sample import patches as sample_patches
 logger = init_logger(__name__)
 
 
-def apply_runtime_fixes() -> None:
-    """Idempotent: safe in every process and on every call."""
+def apply_schema_fix() -> None:
+    """``schema_pep585`` whenever torch < 2.6 is installed, whatever the platform.
+
+    Without it ``import vllm.config`` fails on torch 2.5.1, so even client-only commands
+    (``vllm bench serve --help``) die on a host without a Kunlun device. ``register()``
+    calls this before it decides anything: vLLM resolves its platform (and so calls
+    ``register()``) just before it registers its first custom op. Idempotent.
+    """
     if envs.VLLM_KUNLUN_SCHEMA_FIX:
         if schema.apply():
             logger.info(
@@ -26,6 +33,11 @@ def apply_runtime_fixes() -> None:
             "will fail in vllm/distributed/parallel_state.py unless the patch set is "
             "applied (vllm-kunlun patch apply)"
         )
+
+
+def apply_runtime_fixes() -> None:
+    """Idempotent: safe in every process and on every call."""
+    apply_schema_fix()
     # Device-side sampling; deferred while vLLM is still resolving current_platform.
     sample_patches.apply_all()
 

@@ -1,0 +1,142 @@
+"""Every ``VLLM_KUNLUN_*`` variable: each malformed value refused when a platform of ours
+starts, with the variable, the value and what is accepted; the doctor fails on it."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from vllm_kunlun import envs
+from vllm_kunlun.doctor.environment import check_environment
+from vllm_kunlun.doctor.finding import Context, run_checks
+from vllm_kunlun.emulation import KunlunHostEmulationPlatform
+from vllm_kunlun.platform import KunlunPlatform
+
+# Every declared variable, with values it must refuse (a new variable adds its row).
+MALFORMED: dict[str, list[str]] = {
+    "VLLM_KUNLUN_FORCE_PLATFORM": ["2", "maybe", ""],
+    "VLLM_KUNLUN_HOST_EMULATION": ["2", "emulate"],
+    "VLLM_KUNLUN_EMULATION_KV_CACHE_GIB": [
+        "inf",
+        "-inf",
+        "nan",
+        "1e400",
+        "1e12",
+        "0",
+        "-1",
+        "lots",
+    ],
+    "VLLM_KUNLUN_BUILD_EXT": ["yes please"],
+    "VLLM_KUNLUN_SCHEMA_FIX": ["-1"],
+    "VLLM_KUNLUN_SAMPLER": ["fast", "cuda", ""],
+    "VLLM_KUNLUN_TP_SAMPLE_BROADCAST": ["2", "always"],
+    "VLLM_KUNLUN_PATCH_DIR": ["/no/such/patch/set"],
+}
+CASES = [(name, raw) for name, values in MALFORMED.items() for raw in values]
+
+
+@pytest.fixture(autouse=True)
+def _clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in list(os.environ):
+        if name.startswith(envs.PREFIX):
+            monkeypatch.delenv(name)
+
+
+def test_the_table_covers_every_declared_variable() -> None:
+    assert set(MALFORMED) == set(envs.registry())
+
+
+@pytest.mark.parametrize(("name", "raw"), CASES)
+@pytest.mark.parametrize("platform", [KunlunHostEmulationPlatform, KunlunPlatform])
+def test_platform_start_refuses_each_malformed_value(
+    monkeypatch: pytest.MonkeyPatch, platform: type, name: str, raw: str
+) -> None:
+    monkeypatch.setenv(name, raw)
+    with pytest.raises(envs.EnvVarError) as err:
+        platform()  # what vLLM does in every process when it resolves the platform
+    message = str(err.value)
+    assert f"{name}={raw!r}" in message  # the variable and the value
+    accepted_words = {  # and what it accepts
+        "VLLM_KUNLUN_SAMPLER": "auto, vendor, portable",
+        "VLLM_KUNLUN_EMULATION_KV_CACHE_GIB": "positive number no larger than 1024",
+        "VLLM_KUNLUN_PATCH_DIR": "existing directory",
+    }.get(name, "1/0, true/false")
+    assert accepted_words in message
+
+
+def test_every_malformed_variable_is_named_at_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("VLLM_KUNLUN_SAMPLER", "fast")
+    monkeypatch.setenv("VLLM_KUNLUN_TP_SAMPLE_BROADCAST", "2")
+    with pytest.raises(envs.EnvVarError) as err:
+        envs.validate_all()
+    assert "2 malformed" in str(err.value)
+    assert "VLLM_KUNLUN_SAMPLER='fast'" in str(err.value)
+    assert "VLLM_KUNLUN_TP_SAMPLE_BROADCAST='2'" in str(err.value)
+
+
+@pytest.mark.parametrize("raw", ["0.25", "1", "1024", " 8 "])
+def test_kv_cache_gib_accepts_finite_sizes(
+    monkeypatch: pytest.MonkeyPatch, raw: str
+) -> None:
+    monkeypatch.setenv("VLLM_KUNLUN_EMULATION_KV_CACHE_GIB", raw)
+    envs.validate_all()
+    assert float(raw) == envs.VLLM_KUNLUN_EMULATION_KV_CACHE_GIB
+    assert int(envs.VLLM_KUNLUN_EMULATION_KV_CACHE_GIB * (1 << 30)) > 0  # no overflow
+
+
+def test_patch_dir_accepts_an_existing_directory(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setenv("VLLM_KUNLUN_PATCH_DIR", str(tmp_path))
+    envs.validate_all()
+    assert str(tmp_path) == envs.VLLM_KUNLUN_PATCH_DIR
+
+
+def test_unknown_names_get_the_nearest_declared_one() -> None:
+    environ = {"VLLM_KUNLUN_SAMPLR": "portable", "VLLM_KUNLUN_ZZZ": "1", "OTHER": "x"}
+    assert envs.unknown(environ) == {
+        "VLLM_KUNLUN_SAMPLR": "VLLM_KUNLUN_SAMPLER",
+        "VLLM_KUNLUN_ZZZ": None,
+    }
+    envs.validate_all(environ)  # a typo'd name is warned about, not refused
+
+
+def test_doctor_fails_on_a_malformed_value() -> None:
+    finding = check_environment(
+        Context(),
+        environ={"VLLM_KUNLUN_HOST_EMULATION": "2", "VLLM_KUNLUN_SAMPLER": "x"},
+    )
+    assert finding.status == "fail"
+    assert "VLLM_KUNLUN_HOST_EMULATION='2' is not a boolean" in finding.cause
+    assert "VLLM_KUNLUN_SAMPLER to auto, vendor, portable" in finding.fix
+    assert set(finding.details["malformed"]) == {
+        "VLLM_KUNLUN_HOST_EMULATION",
+        "VLLM_KUNLUN_SAMPLER",
+    }
+
+
+def test_doctor_warns_on_an_unknown_name_and_is_ok_otherwise() -> None:
+    warn = check_environment(Context(), environ={"VLLM_KUNLUN_SAMPLR": "portable"})
+    assert warn.status == "warn" and "did you mean VLLM_KUNLUN_SAMPLER?" in warn.cause
+    ok = check_environment(Context(), environ={"VLLM_KUNLUN_SAMPLER": "portable"})
+    assert ok.status == "ok" and ok.details["set"] == {
+        "VLLM_KUNLUN_SAMPLER": "portable"
+    }
+
+
+def test_a_check_that_reads_a_malformed_variable_points_at_the_environment(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("VLLM_KUNLUN_SAMPLER", "fast")
+
+    def reads_sampler(ctx: Context) -> object:
+        return envs.VLLM_KUNLUN_SAMPLER
+
+    (finding,) = run_checks([("sampler_path", reads_sampler)], Context())  # type: ignore[list-item]
+    assert finding.status == "fail"
+    assert "malformed variable" in finding.cause and "environment" in finding.fix
+    assert "traceback" not in finding.details  # not reported as a doctor bug
