@@ -59,7 +59,6 @@ def run_vllm(spec: dict[str, Any]) -> dict[str, Any]:
         llm = LLM(
             model=spec["model"], worker_extension_cls=WORKER_EXTENSION, **spec["llm"]
         )
-        result["serving"] = llm.collective_rpc(SERVING_INFO_METHOD)
         for job in spec["jobs"]:
             requests = job["requests"]
             params = [
@@ -80,6 +79,8 @@ def run_vllm(spec: dict[str, Any]) -> dict[str, Any]:
                 }
                 for o in outputs
             ]
+        # After the jobs: the report counts the kernel calls that served them.
+        result["serving"] = llm.collective_rpc(SERVING_INFO_METHOD)
         if spec.get("hf_jobs"):
             # transformers is already imported by vLLM: the reference costs only its
             # forward passes here.

@@ -194,6 +194,10 @@ def test_serving_path_is_the_plugins(run1: dict) -> None:
     assert info["attention_impls"] == [
         "vllm_kunlun.attention.backend.PortableAttentionImpl"
     ]
+    # The fakes are importable here, but without VLLM_KUNLUN_EMULATION_VENDOR=1 no
+    # vendor path is taken: vLLM's CustomOps stay its own, no kernel route exists.
+    assert info["custom_ops"] == {} and info["vendor_kernels"] == {}
+    assert info["sampling_kernels"].startswith("portable ")
 
 
 def test_no_exponential_during_the_whole_run(run1: dict, run2: dict) -> None:
