@@ -68,6 +68,7 @@ def make_step(
     block_size: int = 16,
     hybrid: bool = False,
     seed: int = 0,
+    device: str = "cpu",
 ) -> Step:
     """Decodes (query_len 1) must come first, as vLLM orders them for this backend."""
     gen = torch.Generator().manual_seed(seed)
@@ -110,23 +111,30 @@ def make_step(
         rows.append((start, start + q_len))
         start += q_len
     q_loc = torch.tensor([0] + [e for _, e in rows], dtype=torch.int32)
+    on = torch.device(device)
     common = CommonAttentionMetadata(
-        query_start_loc=q_loc,
-        query_start_loc_cpu=q_loc.clone(),
-        seq_lens=torch.tensor(seq_lens, dtype=torch.int32),
+        query_start_loc=q_loc.to(on),
+        query_start_loc_cpu=q_loc,
+        seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=on),
         num_reqs=len(seq_lens),
         num_actual_tokens=start,
         max_query_len=max(query_lens),
         max_seq_len=max(seq_lens),
-        block_table_tensor=table,
-        slot_mapping=torch.tensor(slots, dtype=torch.int64),
+        block_table_tensor=table.to(on),
+        slot_mapping=torch.tensor(slots, dtype=torch.int64, device=on),
         _seq_lens_cpu=torch.tensor(seq_lens, dtype=torch.int32),
     )
+    if hybrid:  # keep vLLM's re-strided layout on the device
+        kv_cache = torch.empty_strided(
+            kv_cache.shape, kv_cache.stride(), dtype=dtype, device=on
+        ).copy_(kv_cache)
+    else:
+        kv_cache = kv_cache.to(on)
     return Step(
         common,
-        torch.cat(qs),
-        torch.cat(ks),
-        torch.cat(vs),
+        torch.cat(qs).to(on),
+        torch.cat(ks).to(on),
+        torch.cat(vs).to(on),
         kv_cache,
         full_k,
         full_v,
@@ -139,7 +147,7 @@ def reference(step: Step) -> torch.Tensor:
     """SDPA per request: its queries are the last positions of its sequence."""
     out = []
     for r, (s, e) in enumerate(step.rows):
-        q = step.query[s:e].float().transpose(0, 1)  # [H, Q, D]
+        q = step.query[s:e].float().cpu().transpose(0, 1)  # [H, Q, D]
         k = step.full_k[r].float().repeat_interleave(HEADS // KV_HEADS, 1)
         v = step.full_v[r].float().repeat_interleave(HEADS // KV_HEADS, 1)
         length, n = k.shape[0], e - s
@@ -171,13 +179,23 @@ def run_layer(step: Step, **impl_kwargs: Any) -> torch.Tensor:
 MIXED = ([5, 17, 0, 0, 32, 3, 40], [1, 1, 1, 9, 7, 12, 20])  # decodes, then prefills
 
 
+CUDA = pytest.param(
+    "cuda",
+    marks=[
+        pytest.mark.device,
+        pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device"),
+    ],
+)
+
+
+@pytest.mark.parametrize("device", ["cpu", CUDA])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("hybrid", [False, True])
 def test_mixed_step_matches_sdpa(
-    fake_ops: Any, dtype: torch.dtype, hybrid: bool
+    fake_ops: Any, dtype: torch.dtype, hybrid: bool, device: str
 ) -> None:
-    step = make_step(*MIXED, dtype=dtype, hybrid=hybrid, seed=1)
-    out = run_layer(step)
+    step = make_step(*MIXED, dtype=dtype, hybrid=hybrid, seed=1, device=device)
+    out = run_layer(step).cpu()
     tol = (
         {"atol": 1e-5, "rtol": 1e-5}
         if dtype == torch.float32
