@@ -11,15 +11,12 @@ is transformers' greedy decoding of the tiny Qwen3.
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from collections import Counter
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.conftest import REPO, child_env
 from tests.integration.test_e2e_emulation import (
     BLOCK_SIZE,
     DEMO_TOKENS,
@@ -31,6 +28,7 @@ from tests.integration.test_e2e_emulation import (
     PREFIX,
     TOKEN_BUDGET,
     req,
+    run_demo_cli,
     run_spec,
 )
 from vllm_kunlun.demo import DEFAULT_PROMPTS
@@ -170,32 +168,9 @@ def test_demo_reports_the_kunlun_backend_and_vendor_kernels(
     """``VLLM_KUNLUN_EMULATION_VENDOR=1 vllm-kunlun demo`` with the fakes on the path:
     host emulation (although the fake driver reports 8 devices), the engine core in a
     spawned process, every kernel call recorded there."""
-    out, records = work / "demo.json", work / "demo-calls.jsonl"
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "vllm_kunlun.cli",
-            "demo",
-            "--max-tokens",
-            str(DEMO_TOKENS),
-            "--json-out",
-            str(out),
-        ],
-        env=child_env(
-            {
-                "VLLM_KUNLUN_EMULATION_VENDOR": "1",
-                RECORD_ENV: str(records),
-                "XDG_CACHE_HOME": str(work / "xdg"),
-            }
-        ),
-        capture_output=True,
-        text=True,
-        timeout=300,
-        cwd=REPO,
-    )
-    assert proc.returncode == 0, proc.stderr[-4000:] + proc.stdout[-3000:]
-    report = json.loads(out.read_text())
+    records = work / "demo-calls.jsonl"
+    env = {"VLLM_KUNLUN_EMULATION_VENDOR": "1", RECORD_ENV: str(records)}
+    report, proc = run_demo_cli(work, env, fakes=True)
     assert report["emulation"] is True
     assert "VLLM_KUNLUN_EMULATION_VENDOR=1" in report["platform_choice"]
     (info,) = report["serving"]

@@ -32,33 +32,27 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar
 
 import torch
 from vllm.v1.attention.backend import (
-    AttentionBackend,
-    AttentionCGSupport,
-    AttentionImpl,
     AttentionLayer,
     AttentionMetadata,
-    AttentionMetadataBuilder,
-    AttentionType,
     CommonAttentionMetadata,
 )
 from vllm.v1.attention.backends.utils import split_decodes_and_prefills
 
+from vllm_kunlun.attention.common import (
+    DecodesFirstMetadataBuilder,
+    PluginAttentionBackend,
+    PluginAttentionImpl,
+)
 from vllm_kunlun.logger import init_logger
 from vllm_kunlun.ops import attention as ops
 from vllm_kunlun.ops.kernels import Route
 
-if TYPE_CHECKING:
-    from vllm.config import VllmConfig
-    from vllm.config.cache import CacheDType
-    from vllm.v1.kv_cache_interface import AttentionSpec
-
 logger = init_logger(__name__)
 
-BACKEND_NAME = "CUSTOM"
 BACKEND_PATH = "vllm_kunlun.attention.kunlun.KunlunAttentionBackend"
 DISPLAY_NAME = "vllm-kunlun Kunlun attention (kunlun_ops kernels)"
 # The head sizes upstream's Kunlun paged attention lists as supported.
@@ -202,20 +196,9 @@ def kv_views(kv_cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, int]:
     )
 
 
-class KunlunAttentionMetadataBuilder(AttentionMetadataBuilder[KunlunAttentionMetadata]):
-    # The kernels take host-side lengths, which a captured graph would freeze.
-    _cudagraph_support: ClassVar[AttentionCGSupport] = AttentionCGSupport.NEVER
-
-    def __init__(
-        self,
-        kv_cache_spec: AttentionSpec,
-        layer_names: list[str],
-        vllm_config: VllmConfig,
-        device: torch.device,
-    ) -> None:
-        super().__init__(kv_cache_spec, layer_names, vllm_config, device)
-        self._init_reorder_batch_threshold(1)
-
+class KunlunAttentionMetadataBuilder(
+    DecodesFirstMetadataBuilder[KunlunAttentionMetadata]
+):
     def build(
         self,
         common_prefix_len: int,
@@ -225,21 +208,8 @@ class KunlunAttentionMetadataBuilder(AttentionMetadataBuilder[KunlunAttentionMet
         return build_metadata(common_attn_metadata)
 
 
-class KunlunAttentionBackend(AttentionBackend):
-    accept_output_buffer: bool = True
-    forward_includes_kv_cache_update: bool = True
-    # float32 is what host emulation runs; on a P800 models run in bfloat16.
-    supported_dtypes: ClassVar[list[torch.dtype]] = [
-        torch.float16,
-        torch.bfloat16,
-        torch.float32,
-    ]
-    supported_kv_cache_dtypes: ClassVar[list[CacheDType]] = ["auto"]
-
-    @staticmethod
-    def get_name() -> str:
-        return BACKEND_NAME
-
+class KunlunAttentionBackend(PluginAttentionBackend):
+    # float32 (accepted) is what host emulation runs; on a P800 models run in bfloat16.
     @staticmethod
     def get_impl_cls() -> type[KunlunAttentionImpl]:
         return KunlunAttentionImpl
@@ -262,72 +232,37 @@ class KunlunAttentionBackend(AttentionBackend):
     def get_supported_head_sizes(cls) -> list[int]:
         return list(SUPPORTED_HEAD_SIZES)
 
-    @staticmethod
-    def use_cascade_attention(*args: Any, **kwargs: Any) -> bool:
-        return False
+
+class KunlunAttentionImpl(PluginAttentionImpl[KunlunAttentionMetadata]):
+    DISPLAY_NAME = DISPLAY_NAME
+    WHY: ClassVar[dict[str, str]] = {
+        "attn_type": "the kernels are causal decoder kernels",
+        "sliding_window": "kunlun_ops.paged_attention takes no window",
+        "alibi": "kunlun_ops.paged_attention takes no slopes",
+        "sinks": "the call forms used take no sinks",
+        "kv_cache_dtype": "not a kernel layout",
+    }
 
     @classmethod
-    def supports_attn_type(cls, attn_type: str) -> bool:
-        return attn_type == AttentionType.DECODER
+    def refusal(cls, what: str, why: str) -> NotImplementedError:
+        return NotImplementedError(f"{DISPLAY_NAME} cannot serve {what}: {why}. {FIX}")
 
-
-def _refuse(what: str, why: str) -> NotImplementedError:
-    return NotImplementedError(f"{DISPLAY_NAME} cannot serve {what}: {why}. {FIX}")
-
-
-class KunlunAttentionImpl(AttentionImpl[KunlunAttentionMetadata]):
-    def __init__(
-        self,
-        num_heads: int,
-        head_size: int,
-        scale: float,
-        num_kv_heads: int | None = None,
-        alibi_slopes: list[float] | None = None,
-        sliding_window: int | None = None,
-        kv_cache_dtype: str = "auto",
-        logits_soft_cap: float | None = None,
-        attn_type: str = AttentionType.DECODER,
-        kv_sharing_target_layer_name: str | None = None,
-        sinks: torch.Tensor | None = None,
-        **extra: Any,
-    ) -> None:
-        if attn_type != AttentionType.DECODER:
-            kind = getattr(attn_type, "value", attn_type)
-            raise _refuse(f"{kind} attention", "the kernels are causal decoder kernels")
-        if sliding_window is not None:
-            raise _refuse(
-                f"sliding-window attention (window {sliding_window})",
-                "kunlun_ops.paged_attention takes no window",
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        head_size, scale = self.head_size, self.scale
+        if self.logits_soft_cap:
+            raise self.refusal(
+                f"logits soft-capping ({self.logits_soft_cap})", "no kernel cap"
             )
-        if alibi_slopes is not None:
-            raise _refuse("ALiBi", "kunlun_ops.paged_attention takes no slopes")
-        if logits_soft_cap:
-            raise _refuse(f"logits soft-capping ({logits_soft_cap})", "no kernel cap")
-        if sinks is not None:
-            raise _refuse("attention sinks", "the call forms used take no sinks")
-        if kv_cache_dtype != "auto":
-            raise _refuse(f"kv_cache_dtype={kv_cache_dtype!r}", "not a kernel layout")
         if head_size not in SUPPORTED_HEAD_SIZES:
-            raise _refuse(
+            raise self.refusal(
                 f"head size {head_size}", f"kernels take {SUPPORTED_HEAD_SIZES}"
             )
         if not math.isclose(scale, head_size**-0.5, rel_tol=1e-6):
-            raise _refuse(
+            raise self.refusal(
                 f"softmax scale {scale}",
                 f"the kernels scale by 1/sqrt(head_size) = {head_size**-0.5:.6g}",
             )
-        unknown = sorted(k for k, v in extra.items() if v not in (None, False))
-        if unknown:
-            raise _refuse(f"the attention options {unknown}", "no kernel argument")
-        self.num_heads = num_heads
-        self.head_size = head_size
-        self.scale = float(scale)
-        self.num_kv_heads = num_kv_heads or num_heads
-        if self.num_heads % self.num_kv_heads:
-            raise ValueError(
-                f"num_heads={num_heads} is not a multiple of num_kv_heads={num_kv_heads}"
-            )
-        self.kv_sharing_target_layer_name = kv_sharing_target_layer_name
         self.route = Route("attention", ops.ATTENTION_KERNELS)
         if not self.route.ready:
             raise RuntimeError(
@@ -348,13 +283,11 @@ class KunlunAttentionImpl(AttentionImpl[KunlunAttentionMetadata]):
         output_scale: torch.Tensor | None = None,
         output_block_scale: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        if output is None:
-            raise ValueError(f"{DISPLAY_NAME} needs the output buffer from vLLM")
-        if output_scale is not None or output_block_scale is not None:
-            raise _refuse("fused output quantization", "no kernel output scale")
+        output = self.begin_forward(
+            output, output_scale, output_block_scale, attn_metadata
+        )
         if attn_metadata is None:
-            # vLLM's warm-up / profiling run: no KV cache bound yet.
-            return output.fill_(0)
+            return output
         k = self.route.kernels
         md = attn_metadata
         n, nd = md.num_actual_tokens, md.num_decode_tokens
