@@ -124,9 +124,12 @@ def test_log_enablement_names_the_ops_left_native(
     from types import SimpleNamespace
 
     logged: list[str] = []
-    monkeypatch.setattr(
-        custom_ops.logger, "info_once", lambda msg, *a: logged.append(msg % a)
-    )
+
+    def info_once(msg: str, *args: Any) -> None:
+        hash(args)  # vLLM's *_once helpers cache on their arguments
+        logged.append(msg % args)
+
+    monkeypatch.setattr(custom_ops.logger, "info_once", info_once)
     for ops in (["all"], ["none"]):
         cfg = SimpleNamespace(compilation_config=CompilationConfig(custom_ops=ops))
         custom_ops.log_enablement(cfg)  # type: ignore[arg-type]

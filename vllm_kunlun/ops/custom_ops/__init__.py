@@ -159,7 +159,7 @@ def log_enablement(vllm_config: VllmConfig) -> None:
             "torch.compile with Inductor, which then compiles the native code). For "
             "the vendor kernels serve with --enforce-eager",
             ", ".join(off),
-            cc.custom_ops,
+            str(cc.custom_ops),  # *_once caches on its arguments: hashable only
         )
 
 
