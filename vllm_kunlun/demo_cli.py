@@ -72,7 +72,7 @@ def _print_report(report: Any) -> None:
             if st["native_calls"]:
                 served += f", {st['native_calls']} native: "
                 served += "; ".join(st["native_reasons"])
-            print(f"kernels         : {op} x{st['layers']} layers: {served}")
+            print(f"kernels         : {op} x{st['modules']} modules: {served}")
     print()
     for g in report.generations:
         print(f"> {g.prompt}")

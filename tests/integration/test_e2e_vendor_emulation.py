@@ -154,7 +154,7 @@ def test_serving_report_matches_the_kernel_records(run: dict) -> None:
     assert status["rotary_embedding"]["vendor_calls"] == names["rotary_embedding"]
     assert status["silu_and_mul"]["vendor_calls"] == names["silu_and_mul"]
     assert status["attention"]["vendor_calls"] == names["reshape_and_cache_flash"]
-    assert status["attention"]["layers"] == LAYERS
+    assert status["attention"]["modules"] == LAYERS
 
 
 def test_sampled_request_ran(run: dict) -> None:

@@ -45,8 +45,8 @@ def test_route_status_sums_layers_calls_and_reasons(fake_vendor_path: Path) -> N
         assert kernels.status() == {
             "silu_and_mul": {
                 "kernels": ["kunlun_ops.silu_and_mul"],
-                "layers": 2,
-                "vendor_layers": 1,
+                "modules": 2,
+                "vendor_modules": 1,
                 "vendor_calls": 1,
                 "native_calls": 2,
                 "native_reasons": ["odd", "off"],

@@ -127,22 +127,22 @@ class Route:
 
 
 def status() -> dict[str, dict[str, Any]]:
-    """Per op family in this process: the kernels, layers, calls and fallback reasons."""
+    """Per op family in this process: the kernels, modules, calls and fallback reasons."""
     out: dict[str, dict[str, Any]] = {}
     for route in _ROUTES:
         entry = out.setdefault(
             route.op,
             {
                 "kernels": [f"{VENDOR_MODULE}.{n}" for n in route.names],
-                "layers": 0,
-                "vendor_layers": 0,
+                "modules": 0,
+                "vendor_modules": 0,
                 "vendor_calls": 0,
                 "native_calls": 0,
                 "native_reasons": [],
             },
         )
-        entry["layers"] += 1
-        entry["vendor_layers"] += int(route.ready)
+        entry["modules"] += 1
+        entry["vendor_modules"] += int(route.ready)
         entry["vendor_calls"] += route.vendor_calls
         entry["native_calls"] += route.native_calls
         entry["native_reasons"] = sorted({*entry["native_reasons"], *route.reasons})
