@@ -68,6 +68,10 @@ def choose_platform() -> PlatformChoice:
 
     if envs.VLLM_KUNLUN_HOST_EMULATION:
         return PlatformChoice(True, f"{EMULATION_ENV}=1 is set")
+    if envs.VLLM_KUNLUN_EMULATION_VENDOR:
+        return PlatformChoice(
+            True, "VLLM_KUNLUN_EMULATION_VENDOR=1 is set (host emulation, vendor paths)"
+        )
     probe = probe_devices()
     if probe.count > 0:
         return PlatformChoice(False, f"{probe.count} Kunlun device(s) ({probe.source})")

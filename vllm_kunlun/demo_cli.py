@@ -67,6 +67,12 @@ def _print_report(report: Any) -> None:
         print(f"sampler         : {info.get('topk_topp_forward')}")
         if info.get("sampling_kernels"):
             print(f"sampling kernels: {info['sampling_kernels']}")
+        for op, st in sorted((info.get("vendor_kernels") or {}).items()):
+            served = f"{st['vendor_calls']} vendor calls ({', '.join(st['kernels'])})"
+            if st["native_calls"]:
+                served += f", {st['native_calls']} native: "
+                served += "; ".join(st["native_reasons"])
+            print(f"kernels         : {op} x{st['modules']} modules: {served}")
     print()
     for g in report.generations:
         print(f"> {g.prompt}")

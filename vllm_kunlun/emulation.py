@@ -58,6 +58,15 @@ class KunlunHostEmulationPlatform(KunlunPlatformBase):
     _attn_refused = _EMULATION_REFUSED_ATTN_BACKENDS
     additional_env_vars: list[str] = [*envs.registry()]
 
+    @classmethod
+    def vendor_kernels(cls) -> tuple[bool, str]:
+        if envs.VLLM_KUNLUN_EMULATION_VENDOR:
+            return True, "VLLM_KUNLUN_EMULATION_VENDOR=1"
+        return False, (
+            "host emulation takes the portable paths (VLLM_KUNLUN_EMULATION_VENDOR=1 "
+            "takes the vendor ones)"
+        )
+
     # ---- device ---------------------------------------------------------------------
     @classmethod
     def device_count(cls) -> int:

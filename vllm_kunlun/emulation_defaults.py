@@ -88,7 +88,17 @@ def apply_emulation_defaults(vllm_config: VllmConfig) -> None:
         )
     _set(compilation, "cudagraph_mode", CUDAGraphMode.NONE, "no graphs on the CPU")
     _set(compilation, "cudagraph_capture_sizes", [], "no graphs on the CPU")
-    if compilation.custom_ops != ["none"]:
+    if envs.VLLM_KUNLUN_EMULATION_VENDOR:
+        from vllm_kunlun.ops.custom_ops import enable_flags
+
+        _set(
+            compilation,
+            "custom_ops",
+            ["none", *enable_flags()],
+            "VLLM_KUNLUN_EMULATION_VENDOR=1: the CustomOps replaced for the vendor "
+            "kernels run forward_oot, every other one its torch-native path",
+        )
+    elif compilation.custom_ops != ["none"]:
         _set(
             compilation,
             "custom_ops",

@@ -119,6 +119,16 @@ _VARS: dict[str, EnvVar] = {
             "1/0",
         ),
         EnvVar(
+            "VLLM_KUNLUN_EMULATION_VENDOR",
+            _parse_bool,
+            False,
+            "In host emulation, take the vendor-kernel paths (Kunlun attention "
+            "backend, vendor CustomOps, vendor sampler) whenever the vendor modules "
+            "import, e.g. the test fakes; implies host emulation for `vllm-kunlun "
+            "demo`.",
+            "1/0",
+        ),
+        EnvVar(
             "VLLM_KUNLUN_EMULATION_KV_CACHE_GIB",
             _bounded_float(EMULATION_KV_CACHE_GIB_MAX),
             1.0,
@@ -241,6 +251,7 @@ def __dir__() -> list[str]:
 if TYPE_CHECKING:  # names for type checkers; values come from __getattr__
     VLLM_KUNLUN_FORCE_PLATFORM: bool
     VLLM_KUNLUN_HOST_EMULATION: bool
+    VLLM_KUNLUN_EMULATION_VENDOR: bool
     VLLM_KUNLUN_EMULATION_KV_CACHE_GIB: float
     VLLM_KUNLUN_BUILD_EXT: bool
     VLLM_KUNLUN_SCHEMA_FIX: bool

@@ -110,6 +110,13 @@ class KunlunPlatformBase(Platform):
         install()
         input_guard.install()
 
+    # ---- vendor kernels ---------------------------------------------------------------
+    @classmethod
+    def vendor_kernels(cls) -> tuple[bool, str]:
+        """Whether attention, CustomOps and sampling go to the vendor kernels (where
+        the vendor library has them), and why."""
+        return True, "KunlunPlatform"
+
     # ---- attention ------------------------------------------------------------------
     @classmethod
     def get_attn_backend_cls(
@@ -117,13 +124,32 @@ class KunlunPlatformBase(Platform):
         selected_backend: AttentionBackendEnum | None,
         attn_selector_config: AttentionSelectorConfig,
     ) -> str:
-        """The platform's default, or an explicit choice it can run; else a refusal
-        that says why and what to use. CUSTOM is the plugin's portable backend."""
+        """The Kunlun backend on the vendor kernels when the platform wants them and
+        they serve the layer; else the platform's default, or an explicit choice it can
+        run; else a refusal that says why and what to use. CUSTOM is the plugin's
+        portable backend."""
         if attn_selector_config.use_mla:
             raise ValueError(
                 f"vllm-kunlun has no MLA attention backend {cls._attn_where}; MLA "
                 "models (DeepSeek-V2/V3 family) cannot be served with this plugin "
                 "version."
+            )
+        if selected_backend is None and cls.vendor_kernels()[0]:
+            from vllm_kunlun.attention import select_kunlun
+
+            path, why = select_kunlun(attn_selector_config)
+            if path is not None:
+                logger.info_once(
+                    "vllm-kunlun: attention backend Kunlun (default %s: %s)",
+                    cls._attn_where,
+                    why,
+                )
+                return path
+            logger.warning_once(
+                "vllm-kunlun: the Kunlun attention backend is not used: %s; default "
+                "%s instead",
+                why,
+                cls._attn_default.name,
             )
         backend = selected_backend or cls._attn_default
         if backend not in cls._attn_allowed:
@@ -274,8 +300,10 @@ class KunlunPlatform(KunlunPlatformBase):
     @classmethod
     def check_and_update_config(cls, vllm_config: VllmConfig) -> None:
         from vllm_kunlun.config_defaults import apply_kunlun_defaults
+        from vllm_kunlun.ops.custom_ops import log_enablement
 
         apply_kunlun_defaults(vllm_config)
+        log_enablement(vllm_config)
         from vllm_kunlun.guards import check_engine_config
 
         check_engine_config(vllm_config)

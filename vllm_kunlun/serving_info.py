@@ -43,6 +43,10 @@ class ServingInfo:
                 backends.add(f"{backend.get_name()} ({_qualname(backend)})")
             if getattr(layer, "impl", None) is not None:
                 impls.add(_qualname(type(layer.impl)))
+        from vllm_kunlun.ops import custom_ops
+        from vllm_kunlun.ops import kernels as vendor_routes
+
+        model = getattr(runner, "model", None)
         kernels = None
         select = getattr(topk_topp, "kernels", None)  # the plugin's sampler
         if callable(select) and runner is not None:
@@ -58,4 +62,7 @@ class ServingInfo:
             "topk_topp_sampler": _qualname(type(topk_topp)) if topk_topp else None,
             "topk_topp_forward": _qualname(getattr(topk_topp, "forward", None)),
             "sampling_kernels": kernels,
+            # CustomOps replaced for the vendor kernels, and what each route served.
+            "custom_ops": custom_ops.describe_model(model) if model is not None else {},
+            "vendor_kernels": vendor_routes.status(),
         }

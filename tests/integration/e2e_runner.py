@@ -108,7 +108,6 @@ def run_vllm(spec: dict[str, Any]) -> dict[str, Any]:
         probe = spec.get("rank_probe")
         extension = WORKER_EXTENSION if probe is None else PROBE_EXTENSION
         llm = LLM(model=spec["model"], worker_extension_cls=extension, **spec["llm"])
-        result["serving"] = llm.collective_rpc(SERVING_INFO_METHOD)
         if probe is not None:
             llm.collective_rpc("rank_probe_start", args=(int(probe),))
         for job in spec["jobs"]:
@@ -131,6 +130,8 @@ def run_vllm(spec: dict[str, Any]) -> dict[str, Any]:
                 }
                 for o in outputs
             ]
+        # After the jobs: the report counts the kernel calls that served them.
+        result["serving"] = llm.collective_rpc(SERVING_INFO_METHOD)
         if probe is not None:
             result["ranks"] = llm.collective_rpc("rank_probe_result")
         if spec.get("hf_jobs"):

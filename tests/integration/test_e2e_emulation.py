@@ -121,6 +121,33 @@ def run_spec(
     return result
 
 
+def run_demo_cli(
+    work: Path, env: dict[str, str], fakes: bool
+) -> tuple[dict, subprocess.CompletedProcess[str]]:
+    """``vllm-kunlun demo --json-out`` in a fresh interpreter (its own cache dir under
+    ``work``); fail with the log tails unless it succeeds; the report and the process."""
+    out = work / "demo.json"
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "vllm_kunlun.cli",
+            "demo",
+            "--max-tokens",
+            str(DEMO_TOKENS),
+            "--json-out",
+            str(out),
+        ],
+        env=child_env({"XDG_CACHE_HOME": str(work / "xdg"), **env}, fakes=fakes),
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=REPO,
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:] + proc.stdout[-3000:]
+    return json.loads(out.read_text()), proc
+
+
 @pytest.fixture(scope="module")
 def work(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("e2e")
@@ -194,6 +221,10 @@ def test_serving_path_is_the_plugins(run1: dict) -> None:
     assert info["attention_impls"] == [
         "vllm_kunlun.attention.backend.PortableAttentionImpl"
     ]
+    # The fakes are importable here, but without VLLM_KUNLUN_EMULATION_VENDOR=1 no
+    # vendor path is taken: vLLM's CustomOps stay its own, no kernel route exists.
+    assert info["custom_ops"] == {} and info["vendor_kernels"] == {}
+    assert info["sampling_kernels"].startswith("portable ")
 
 
 def test_no_exponential_during_the_whole_run(run1: dict, run2: dict) -> None:
@@ -240,27 +271,8 @@ def test_demo_runs_the_multiprocessing_engine(work: Path, hf: dict) -> None:
     """``vllm-kunlun demo`` on a host without Kunlun: switches to host emulation by
     itself, runs the engine core in its own (spawned) process, and generates the
     transformers greedy tokens."""
-    out = work / "demo.json"
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "vllm_kunlun.cli",
-            "demo",
-            "--max-tokens",
-            str(DEMO_TOKENS),
-            "--json-out",
-            str(out),
-        ],
-        # No fake torch_xmlir and no VLLM_KUNLUN_* variables: a plain CPU host.
-        env=child_env({"XDG_CACHE_HOME": str(work / "xdg")}, fakes=False),
-        capture_output=True,
-        text=True,
-        timeout=300,
-        cwd=REPO,
-    )
-    assert proc.returncode == 0, proc.stderr[-4000:] + proc.stdout[-3000:]
-    report = json.loads(out.read_text())
+    # No fake torch_xmlir and no VLLM_KUNLUN_* variables: a plain CPU host.
+    report, proc = run_demo_cli(work, {}, fakes=False)
     assert report["emulation"] is True
     assert "no Kunlun device detected" in report["platform_choice"]
     assert report["model"].startswith(str(work / "xdg"))

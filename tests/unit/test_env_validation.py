@@ -18,6 +18,7 @@ from vllm_kunlun.platform import KunlunPlatform
 MALFORMED: dict[str, list[str]] = {
     "VLLM_KUNLUN_FORCE_PLATFORM": ["2", "maybe", ""],
     "VLLM_KUNLUN_HOST_EMULATION": ["2", "emulate"],
+    "VLLM_KUNLUN_EMULATION_VENDOR": ["2", "fakes"],
     "VLLM_KUNLUN_EMULATION_KV_CACHE_GIB": [
         "inf",
         "-inf",

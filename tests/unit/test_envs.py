@@ -21,6 +21,7 @@ def _clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_defaults() -> None:
     assert envs.VLLM_KUNLUN_FORCE_PLATFORM is False
     assert envs.VLLM_KUNLUN_HOST_EMULATION is False
+    assert envs.VLLM_KUNLUN_EMULATION_VENDOR is False
     assert envs.VLLM_KUNLUN_BUILD_EXT is True
     assert envs.VLLM_KUNLUN_SCHEMA_FIX is True
     assert envs.VLLM_KUNLUN_SAMPLER == "auto"

@@ -1,4 +1,5 @@
-"""The plugin's portable paged-attention backend (plain torch, any device).
+"""The plugin's attention backends: portable paged attention (plain torch, any device,
+``backend.py``) and the Kunlun backend on the vendor kernels (``kunlun.py``).
 
 vLLM 0.15.1 selects out-of-tree attention backends by one name, ``CUSTOM``
 (``--attention-backend CUSTOM``), whose class path is looked up in a per-process
@@ -73,3 +74,30 @@ def select_portable(attn_selector_config: Any) -> str:
         "vllm-kunlun: attention backend CUSTOM = portable paged attention (torch)"
     )
     return path
+
+
+def select_kunlun(attn_selector_config: Any) -> tuple[str | None, str]:
+    """(class path, why) of the Kunlun backend for this layer, or (None, why not).
+
+    Not when ``kunlun_ops`` lacks one of its kernels or the layer is one the backend
+    refuses at selection (sinks, encoder attention, quantized KV cache, ...).
+    """
+    from vllm.utils.import_utils import resolve_obj_by_qualname
+
+    from vllm_kunlun.ops import vendor
+    from vllm_kunlun.ops.attention import ATTENTION_KERNELS
+    from vllm_kunlun.ops.kernels import VENDOR_MODULE
+
+    for name in ATTENTION_KERNELS:
+        fn, why = vendor.function(VENDOR_MODULE, name)
+        if fn is None:
+            return None, why
+    from vllm_kunlun.attention.kunlun import BACKEND_PATH
+
+    backend = resolve_obj_by_qualname(BACKEND_PATH)
+    reasons = backend.validate_configuration(
+        device_capability=None, **attn_selector_config._asdict()
+    )
+    if reasons:
+        return None, f"it cannot serve {attn_selector_config!r}: {', '.join(reasons)}"
+    return BACKEND_PATH, f"{VENDOR_MODULE} has {', '.join(ATTENTION_KERNELS)}"

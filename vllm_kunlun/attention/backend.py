@@ -12,32 +12,26 @@ vLLM knows out-of-tree backends only as ``AttentionBackendEnum.CUSTOM``; the lay
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar
 
 import torch
 from vllm.v1.attention.backend import (
-    AttentionBackend,
-    AttentionCGSupport,
-    AttentionImpl,
     AttentionLayer,
     AttentionMetadata,
-    AttentionMetadataBuilder,
-    AttentionType,
     CommonAttentionMetadata,
 )
 from vllm.v1.attention.backends.utils import split_decodes_and_prefills
 
 from vllm_kunlun.attention import paged
+from vllm_kunlun.attention.common import (
+    DecodesFirstMetadataBuilder,
+    PluginAttentionBackend,
+    PluginAttentionImpl,
+)
 from vllm_kunlun.logger import init_logger
-
-if TYPE_CHECKING:
-    from vllm.config import VllmConfig
-    from vllm.config.cache import CacheDType
-    from vllm.v1.kv_cache_interface import AttentionSpec
 
 logger = init_logger(__name__)
 
-BACKEND_NAME = "CUSTOM"
 DISPLAY_NAME = "vllm-kunlun portable paged attention (torch)"
 
 
@@ -54,21 +48,9 @@ class PortableAttentionMetadata(AttentionMetadata):
 
 
 class PortableAttentionMetadataBuilder(
-    AttentionMetadataBuilder[PortableAttentionMetadata]
+    DecodesFirstMetadataBuilder[PortableAttentionMetadata]
 ):
-    _cudagraph_support: ClassVar[AttentionCGSupport] = AttentionCGSupport.NEVER
-
-    def __init__(
-        self,
-        kv_cache_spec: AttentionSpec,
-        layer_names: list[str],
-        vllm_config: VllmConfig,
-        device: torch.device,
-    ) -> None:
-        super().__init__(kv_cache_spec, layer_names, vllm_config, device)
-        self.block_size = kv_cache_spec.block_size
-        # Decodes first: they form one cheap group with a single query row each.
-        self._init_reorder_batch_threshold(1)
+    """Decodes first: they form one cheap group with a single query row each."""
 
     def build(
         self,
@@ -103,20 +85,7 @@ class PortableAttentionMetadataBuilder(
         )
 
 
-class PortableAttentionBackend(AttentionBackend):
-    accept_output_buffer: bool = True
-    forward_includes_kv_cache_update: bool = True
-    supported_dtypes: ClassVar[list[torch.dtype]] = [
-        torch.float16,
-        torch.bfloat16,
-        torch.float32,
-    ]
-    supported_kv_cache_dtypes: ClassVar[list[CacheDType]] = ["auto"]
-
-    @staticmethod
-    def get_name() -> str:
-        return BACKEND_NAME
-
+class PortableAttentionBackend(PluginAttentionBackend):
     @staticmethod
     def get_impl_cls() -> type[PortableAttentionImpl]:
         return PortableAttentionImpl
@@ -135,66 +104,20 @@ class PortableAttentionBackend(AttentionBackend):
     ) -> tuple[int, ...]:
         return (num_blocks, 2, block_size, num_kv_heads, head_size)
 
-    @staticmethod
-    def use_cascade_attention(*args: Any, **kwargs: Any) -> bool:
-        return False
 
-    @classmethod
-    def supports_attn_type(cls, attn_type: str) -> bool:
-        return attn_type == AttentionType.DECODER
+class PortableAttentionImpl(PluginAttentionImpl[PortableAttentionMetadata]):
+    DISPLAY_NAME = DISPLAY_NAME
+    WHY: ClassVar[dict[str, str]] = {
+        "attn_type": "It handles decoder-only causal attention with GQA.",
+        "sliding_window": "Serve a model without sliding windows or pick another "
+        "backend.",
+        "alibi": "Serve a RoPE model or pick another backend.",
+        "sinks": "Pick another backend.",
+        "kv_cache_dtype": "Use --kv-cache-dtype auto.",
+    }
 
-
-def _unsupported(what: str, fix: str) -> NotImplementedError:
-    return NotImplementedError(f"{DISPLAY_NAME} does not support {what}. {fix}")
-
-
-class PortableAttentionImpl(AttentionImpl[PortableAttentionMetadata]):
-    def __init__(
-        self,
-        num_heads: int,
-        head_size: int,
-        scale: float,
-        num_kv_heads: int | None = None,
-        alibi_slopes: list[float] | None = None,
-        sliding_window: int | None = None,
-        kv_cache_dtype: str = "auto",
-        logits_soft_cap: float | None = None,
-        attn_type: str = AttentionType.DECODER,
-        kv_sharing_target_layer_name: str | None = None,
-        sinks: torch.Tensor | None = None,
-        **extra: Any,
-    ) -> None:
-        scope = "It handles decoder-only causal attention with GQA."
-        if attn_type != AttentionType.DECODER:
-            kind = getattr(attn_type, "value", attn_type)
-            raise _unsupported(f"{kind} attention", scope)
-        if sliding_window is not None:
-            raise _unsupported(
-                f"sliding-window attention (window {sliding_window})",
-                "Serve a model without sliding windows or pick another backend.",
-            )
-        if alibi_slopes is not None:
-            raise _unsupported("ALiBi", "Serve a RoPE model or pick another backend.")
-        if sinks is not None:
-            raise _unsupported("attention sinks", "Pick another backend.")
-        if kv_cache_dtype != "auto":
-            raise _unsupported(
-                f"kv_cache_dtype={kv_cache_dtype!r}", "Use --kv-cache-dtype auto."
-            )
-        unknown = sorted(k for k, v in extra.items() if v not in (None, False))
-        if unknown:
-            raise _unsupported(f"the attention options {unknown}", scope)
-        self.num_heads = num_heads
-        self.head_size = head_size
-        self.scale = float(scale)
-        self.num_kv_heads = num_kv_heads or num_heads
-        if self.num_heads % self.num_kv_heads:
-            raise ValueError(
-                f"num_heads={num_heads} is not a multiple of "
-                f"num_kv_heads={num_kv_heads}"
-            )
-        self.logits_soft_cap = logits_soft_cap or None
-        self.kv_sharing_target_layer_name = kv_sharing_target_layer_name
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
         logger.info_once("vllm-kunlun: attention served by %s", DISPLAY_NAME)
 
     def forward(
@@ -209,15 +132,11 @@ class PortableAttentionImpl(AttentionImpl[PortableAttentionMetadata]):
         output_scale: torch.Tensor | None = None,
         output_block_scale: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        if output is None:
-            raise ValueError(f"{DISPLAY_NAME} needs the output buffer from vLLM")
-        if output_scale is not None or output_block_scale is not None:
-            raise _unsupported(
-                "fused output quantization", "Disable the attention fusion pass."
-            )
+        output = self.begin_forward(
+            output, output_scale, output_block_scale, attn_metadata
+        )
         if attn_metadata is None:
-            # vLLM's warm-up / profiling run: no KV cache bound yet.
-            return output.fill_(0)
+            return output
         plan = attn_metadata.plan
         if self.kv_sharing_target_layer_name is None and key is not None:
             paged.write_kv_cache(key, value, kv_cache, plan.slot_mapping)

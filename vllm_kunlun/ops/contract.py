@@ -14,6 +14,59 @@ VENDOR_CONTRACT: dict[str, dict[str, tuple[str, ...]]] = {
     "kunlun_ops": {
         # vllm_kunlun/ops/sampling.py: flashinfer's API; probs is passed positionally.
         "top_k_top_p_sampling_from_probs": ("top_k", "top_p", "deterministic"),
+        # vllm_kunlun/ops/attention.py (the Kunlun attention backend). Keywords as
+        # upstream passes them; the KV cache is BHLD: [num_blocks, kv_heads, block, dim].
+        "reshape_and_cache_flash": ("BLHD_LAYOUT",),
+        "paged_attention": (
+            "x",
+            "k_cache",
+            "v_cache",
+            "block_tables",
+            "context_lens_cpu",
+            "context_lens_xpu",
+            "is_context",
+            "is_causal",
+            "out",
+            "vo_head_dim",
+        ),
+        "prefill_attention": (
+            "q",
+            "k",
+            "v",
+            "out",
+            "is_causal",
+            "is_prefix_cache",
+            "block_table",
+            "context_qlen_lod_cpu",
+            "context_qlen_lod_xpu",
+            "context_kvlen_lod_cpu",
+            "context_kvlen_lod_xpu",
+        ),
+        # vllm_kunlun/ops/norms.py: rmsnorm, gemma_rmsnorm and rms_norm_gated take
+        # positional arguments only (upstream never names them).
+        "rmsnorm": (),
+        "add_rmsnorm": ("residual_output", "weight", "eps", "output"),
+        "gemma_rmsnorm": (),
+        "gemma_add_rmsnorm": (
+            "weight",
+            "output",
+            "eps",
+            "residual_output",
+            "store_output_before_norm",
+        ),
+        "rms_norm_gated": (),
+        # vllm_kunlun/ops/rotary.py
+        "rotary_embedding": (
+            "positions",
+            "query",
+            "key",
+            "head_size",
+            "cos_sin_cache",
+            "is_neox",
+        ),
+        "mrotary_embedding_neox": (),
+        # vllm_kunlun/ops/activation.py
+        "silu_and_mul": ("axis", "turn", "out"),
     },
     "xspeedgate_ops": {},
 }

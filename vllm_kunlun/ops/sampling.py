@@ -117,7 +117,7 @@ def select_kernels(device: torch.device) -> SamplingKernels:
                     "VLLM_KUNLUN_SAMPLER=auto to use the portable torch sampler."
                 )
             kernels = SamplingKernels(VENDOR, f"VLLM_KUNLUN_SAMPLER=vendor; {why}", fn)
-        elif device.type == "cpu":
+        elif device.type == "cpu" and not envs.VLLM_KUNLUN_EMULATION_VENDOR:
             kernels = SamplingKernels(PORTABLE, "the logits are on the CPU")
         elif fn is None:
             kernels = SamplingKernels(PORTABLE, why)

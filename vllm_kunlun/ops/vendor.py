@@ -9,7 +9,9 @@ engine start.
 from __future__ import annotations
 
 import importlib
+from collections.abc import Callable
 from types import ModuleType
+from typing import Any
 
 VENDOR_MODULES = ("torch_xmlir", "kunlun_ops", "xspeedgate_ops")
 
@@ -36,6 +38,30 @@ def try_load(name: str) -> tuple[ModuleType | None, str]:
         return load(name), ""
     except VendorUnavailable as exc:
         return None, str(exc)
+
+
+def function(module_name: str, name: str) -> tuple[Callable[..., Any] | None, str]:
+    """A declared vendor function, or (None, reason).
+
+    Only names declared in ``ops/contract.py`` may be asked for: the doctor checks
+    exactly those against the installed library, so an undeclared call would go
+    unchecked until it crashes on a Kunlun host.
+    """
+    from vllm_kunlun.ops.contract import VENDOR_CONTRACT
+
+    if name not in VENDOR_CONTRACT.get(module_name, {}):
+        raise ValueError(
+            f"{module_name}.{name} is not declared in vllm_kunlun/ops/contract.py; "
+            "declare it there (with the keyword arguments passed) before calling it"
+        )
+    module, reason = try_load(module_name)
+    if module is None:
+        return None, reason
+    fn = getattr(module, name, None)
+    if not callable(fn):
+        version = getattr(module, "__version__", "unknown version")
+        return None, f"{module_name} ({version}) has no {name}"
+    return fn, f"{module_name}.{name}"
 
 
 def xmlir_device_count() -> tuple[int, str]:

@@ -40,6 +40,11 @@ def apply_runtime_fixes() -> None:
     apply_schema_fix()
     # Device-side sampling; deferred while vLLM is still resolving current_platform.
     sample_patches.apply_all()
+    # vLLM's CustomOps on the vendor kernels (when the platform wants them); deferred
+    # the same way.
+    from vllm_kunlun.ops import custom_ops
+
+    custom_ops.register_all()
 
 
 GENERAL_PLUGIN = "kunlun_runtime_fixes"

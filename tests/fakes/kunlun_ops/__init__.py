@@ -1,5 +1,8 @@
 """Fake of Kunlun's ``kunlun_ops``: flashinfer's sampling API, recording every call.
 
+The compute kernels (attention, norms, rotary, activation) live in submodules, one per
+family, re-exported below; see ``_kernel_common.py`` for their records and checks.
+
 The real library (0.1.58) exposes flashinfer's sampling functions with flashinfer's
 names and keyword arguments. This fake has the same signatures, checks its inputs the
 way the real kernels require (float32 contiguous 2-D probs, int32 ``top_k`` and float32
@@ -14,6 +17,11 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+
+from kunlun_ops._activation import *  # noqa: F403
+from kunlun_ops._attention import *  # noqa: F403
+from kunlun_ops._norms import *  # noqa: F403
+from kunlun_ops._rotary import *  # noqa: F403
 
 __version__ = "0.1.58"
 

@@ -1,0 +1,190 @@
+"""End to end through the vendor-kernel paths in host emulation.
+
+``VLLM_KUNLUN_EMULATION_VENDOR=1`` with tests/fakes on the path: vLLM 0.15.1's engine
+runs the Kunlun attention backend, the CustomOps replaced for the vendor kernels and
+the vendor sampler, all calling the fake ``kunlun_ops`` (plain-torch kernels with the
+observed semantics). The fakes append every call to a file (``FAKE_KUNLUN_OPS_RECORD``),
+so calls made in engine processes the test did not start are seen too. The reference
+is transformers' greedy decoding of the tiny Qwen3.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.integration.test_e2e_emulation import (
+    BLOCK_SIZE,
+    DEMO_TOKENS,
+    EMULATION,
+    GREEDY_JOBS,
+    GREEDY_PROMPTS,
+    LLM_ARGS,
+    LONG_PROMPT,
+    PREFIX,
+    TOKEN_BUDGET,
+    req,
+    run_demo_cli,
+    run_spec,
+)
+from vllm_kunlun.demo import DEFAULT_PROMPTS
+from vllm_kunlun.tiny_model import TinyQwen3Spec, write_tiny_model
+
+pytestmark = pytest.mark.slow
+
+VENDOR = {**EMULATION, "VLLM_KUNLUN_EMULATION_VENDOR": "1"}
+RECORD_ENV = "FAKE_KUNLUN_OPS_RECORD"
+LAYERS = TinyQwen3Spec().num_hidden_layers
+# RMSNorm modules of a Qwen3 model: input, post-attention, q_norm, k_norm per layer,
+# and the final norm.
+NORMS = 4 * LAYERS + 1
+ATTENTION_KERNELS = {"reshape_and_cache_flash", "paged_attention", "prefill_attention"}
+NORM_KERNELS = {"rmsnorm", "add_rmsnorm"}
+SAMPLED = {
+    "name": "sampled",
+    "requests": [req("one two three", 8, temperature=0.8, top_k=5, seed=3)],
+}
+DEMO_JOB = {"name": "demo", "requests": [req(p, DEMO_TOKENS) for p in DEFAULT_PROMPTS]}
+
+
+def read_calls(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line]
+
+
+@pytest.fixture(scope="module")
+def work(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("e2e-vendor")
+
+
+@pytest.fixture(scope="module")
+def run(work: Path) -> dict:
+    """One in-process engine: greedy (chunked prefill, prefix-cache hits) and a sampled
+    request; then transformers' greedy reference in the same interpreter."""
+    records = work / "calls.jsonl"
+    spec = {
+        "backend": "vllm",
+        "model": str(write_tiny_model(work / "tiny-qwen3")),
+        "llm": LLM_ARGS,
+        "guard_exponential": True,
+        "jobs": [*GREEDY_JOBS, SAMPLED],
+        "hf_jobs": [*GREEDY_JOBS, DEMO_JOB],
+    }
+    result = run_spec(spec, work, "vendor", env={**VENDOR, RECORD_ENV: str(records)})
+    result["calls"] = read_calls(records)
+    return result
+
+
+def test_greedy_matches_transformers_through_the_vendor_kernels(run: dict) -> None:
+    for job in ("warm_prefix", "greedy"):
+        for got, want in zip(run["jobs"][job], run["hf"][job], strict=True):
+            assert got["prompt_token_ids"] == want["prompt_token_ids"]
+            assert got["token_ids"] == want["token_ids"], got["text"]
+
+
+def test_chunked_prefill_and_prefix_hits_ran_the_paged_prefill_kernel(
+    run: dict,
+) -> None:
+    greedy = run["jobs"]["greedy"]
+    long_row = greedy[GREEDY_PROMPTS.index(LONG_PROMPT)]
+    assert len(long_row["prompt_token_ids"]) > TOKEN_BUDGET  # several chunks
+    for i, prompt in enumerate(GREEDY_PROMPTS):
+        if prompt.startswith(PREFIX):
+            assert greedy[i]["num_cached_tokens"] >= 2 * BLOCK_SIZE, greedy[i]
+    forms = Counter(
+        c["args"]["is_prefix_cache"]
+        for c in run["calls"]
+        if c["name"] == "prefill_attention"
+    )
+    assert forms[True] > 0  # over the paged cache: chunks and prefix hits
+    assert forms[False] > 0  # fresh prompts: within the new tokens
+    assert any(c["name"] == "paged_attention" for c in run["calls"])  # decodes
+
+
+def test_every_layer_ran_on_the_vendor_kernels(run: dict) -> None:
+    calls = run["calls"]
+    assert {c["pid"] for c in calls} == {run["serving"][0]["pid"]}
+    # Each RMSNorm module (its own weight) ran once per forward pass.
+    per_norm = Counter(
+        c["args"]["weight"]["ptr"] for c in calls if c["name"] in NORM_KERNELS
+    )
+    assert len(per_norm) == NORMS, per_norm
+    (forwards,) = set(per_norm.values())
+    # Rotary embedding and SiLU-and-mul once per layer per forward pass.
+    names = Counter(c["name"] for c in calls)
+    assert names["rotary_embedding"] == LAYERS * forwards
+    assert names["silu_and_mul"] == LAYERS * forwards
+    # Every layer wrote its own KV cache and attended over it, equally often.
+    writes = Counter(
+        c["args"]["key_cache"]["ptr"]
+        for c in calls
+        if c["name"] == "reshape_and_cache_flash"
+    )
+    decodes = Counter(
+        c["args"]["k_cache"]["ptr"] for c in calls if c["name"] == "paged_attention"
+    )
+    assert len(writes) == LAYERS and set(decodes) == set(writes)
+    assert len(set(writes.values())) == 1 and len(set(decodes.values())) == 1
+    # Every call's tensors were contiguous, as the kernels require (the fakes check).
+    for c in calls:
+        for arg in c["args"].values():
+            if isinstance(arg, dict) and "contiguous" in arg:
+                assert arg["contiguous"], c
+
+
+def test_serving_report_matches_the_kernel_records(run: dict) -> None:
+    (info,) = run["serving"]
+    assert info["attention_impls"] == [
+        "vllm_kunlun.attention.kunlun.KunlunAttentionImpl"
+    ]
+    assert info["sampling_kernels"].startswith("vendor ")
+    for cls, entry in info["custom_ops"].items():
+        assert entry["forward"] == ["forward_oot"], cls
+    assert info["custom_ops"]["vllm_kunlun.ops.custom_ops.norms.KunlunRMSNorm"] == {
+        "modules": NORMS,
+        "forward": ["forward_oot"],
+    }
+    names = Counter(c["name"] for c in run["calls"])
+    status = info["vendor_kernels"]
+    assert all(s["native_calls"] == 0 for s in status.values()), status
+    assert status["rms_norm"]["vendor_calls"] == sum(names[n] for n in NORM_KERNELS)
+    assert status["rotary_embedding"]["vendor_calls"] == names["rotary_embedding"]
+    assert status["silu_and_mul"]["vendor_calls"] == names["silu_and_mul"]
+    assert status["attention"]["vendor_calls"] == names["reshape_and_cache_flash"]
+    assert status["attention"]["modules"] == LAYERS
+
+
+def test_sampled_request_ran(run: dict) -> None:
+    (row,) = run["jobs"]["sampled"]
+    assert len(row["token_ids"]) == 8
+
+
+def test_demo_reports_the_kunlun_backend_and_vendor_kernels(
+    work: Path, run: dict
+) -> None:
+    """``VLLM_KUNLUN_EMULATION_VENDOR=1 vllm-kunlun demo`` with the fakes on the path:
+    host emulation (although the fake driver reports 8 devices), the engine core in a
+    spawned process, every kernel call recorded there."""
+    records = work / "demo-calls.jsonl"
+    env = {"VLLM_KUNLUN_EMULATION_VENDOR": "1", RECORD_ENV: str(records)}
+    report, proc = run_demo_cli(work, env, fakes=True)
+    assert report["emulation"] is True
+    assert "VLLM_KUNLUN_EMULATION_VENDOR=1" in report["platform_choice"]
+    (info,) = report["serving"]
+    assert info["pid"] != report["demo_pid"]  # the engine core ran elsewhere
+    assert any("KunlunAttentionBackend" in b for b in info["attention_backends"])
+    status = info["vendor_kernels"]
+    assert set(status) == {"attention", "rms_norm", "rotary_embedding", "silu_and_mul"}
+    assert all(
+        s["vendor_calls"] > 0 and s["native_calls"] == 0 for s in status.values()
+    )
+    calls = read_calls(records)
+    assert {c["pid"] for c in calls} == {info["pid"]}
+    assert {c["name"] for c in calls} >= ATTENTION_KERNELS
+    got = [g["token_ids"] for g in report["generations"]]
+    assert got == [row["token_ids"] for row in run["hf"]["demo"]]
+    assert "KunlunAttentionBackend" in proc.stdout
+    assert "kernels         : rms_norm" in proc.stdout

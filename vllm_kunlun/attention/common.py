@@ -1,0 +1,156 @@
+"""What the plugin's two attention backends share in vLLM's backend interface.
+
+Why: the portable backend (``backend.py``) and the Kunlun backend (``kunlun.py``) are
+both decoder-only paged backends that vLLM can only know as ``CUSTOM``. The answers
+vLLM asks the class for (name, dtypes, cascade, attention types), the batch order of
+their metadata builders, the layer checks made when a model is built and the forward
+prologue are the same; only the refusal words and the kernels differ.
+
+Removal: with the backends.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
+
+import torch
+from vllm.v1.attention.backend import (
+    AttentionBackend,
+    AttentionCGSupport,
+    AttentionImpl,
+    AttentionMetadata,
+    AttentionMetadataBuilder,
+    AttentionType,
+)
+
+if TYPE_CHECKING:
+    from vllm.config import VllmConfig
+    from vllm.config.cache import CacheDType
+    from vllm.v1.kv_cache_interface import AttentionSpec
+
+M = TypeVar("M", bound=AttentionMetadata)
+
+# vLLM's only name for an out-of-tree backend; the layer maps get_name() back to it.
+BACKEND_NAME = "CUSTOM"
+
+
+class PluginAttentionBackend(AttentionBackend):
+    accept_output_buffer: bool = True
+    forward_includes_kv_cache_update: bool = True
+    supported_dtypes: ClassVar[list[torch.dtype]] = [
+        torch.float16,
+        torch.bfloat16,
+        torch.float32,
+    ]
+    supported_kv_cache_dtypes: ClassVar[list[CacheDType]] = ["auto"]
+
+    @staticmethod
+    def get_name() -> str:
+        return BACKEND_NAME
+
+    @staticmethod
+    def use_cascade_attention(*args: Any, **kwargs: Any) -> bool:
+        return False
+
+    @classmethod
+    def supports_attn_type(cls, attn_type: str) -> bool:
+        return attn_type == AttentionType.DECODER
+
+
+class DecodesFirstMetadataBuilder(AttentionMetadataBuilder[M]):
+    """vLLM puts requests with one new token (decodes) first; no CUDA graphs (the
+    metadata is planned on the host every step)."""
+
+    _cudagraph_support: ClassVar[AttentionCGSupport] = AttentionCGSupport.NEVER
+
+    def __init__(
+        self,
+        kv_cache_spec: AttentionSpec,
+        layer_names: list[str],
+        vllm_config: VllmConfig,
+        device: torch.device,
+    ) -> None:
+        super().__init__(kv_cache_spec, layer_names, vllm_config, device)
+        self.block_size = kv_cache_spec.block_size
+        self._init_reorder_batch_threshold(1)
+
+
+class PluginAttentionImpl(AttentionImpl[M]):
+    """The layer checks and attributes both backends share.
+
+    ``WHY`` says, per refused feature, why (and what to do instead) in the backend's
+    words; ``refusal`` words the error.
+    """
+
+    DISPLAY_NAME: ClassVar[str]
+    WHY: ClassVar[dict[str, str]]
+
+    @classmethod
+    def refusal(cls, what: str, why: str) -> NotImplementedError:
+        return NotImplementedError(f"{cls.DISPLAY_NAME} does not support {what}. {why}")
+
+    def __init__(
+        self,
+        num_heads: int,
+        head_size: int,
+        scale: float,
+        num_kv_heads: int | None = None,
+        alibi_slopes: list[float] | None = None,
+        sliding_window: int | None = None,
+        kv_cache_dtype: str = "auto",
+        logits_soft_cap: float | None = None,
+        attn_type: str = AttentionType.DECODER,
+        kv_sharing_target_layer_name: str | None = None,
+        sinks: torch.Tensor | None = None,
+        **extra: Any,
+    ) -> None:
+        why = self.WHY
+        if attn_type != AttentionType.DECODER:
+            kind = getattr(attn_type, "value", attn_type)
+            raise self.refusal(f"{kind} attention", why["attn_type"])
+        if sliding_window is not None:
+            raise self.refusal(
+                f"sliding-window attention (window {sliding_window})",
+                why["sliding_window"],
+            )
+        if alibi_slopes is not None:
+            raise self.refusal("ALiBi", why["alibi"])
+        if sinks is not None:
+            raise self.refusal("attention sinks", why["sinks"])
+        if kv_cache_dtype != "auto":
+            raise self.refusal(
+                f"kv_cache_dtype={kv_cache_dtype!r}", why["kv_cache_dtype"]
+            )
+        unknown = sorted(k for k, v in extra.items() if v not in (None, False))
+        if unknown:
+            raise self.refusal(f"the attention options {unknown}", why["attn_type"])
+        self.num_heads = num_heads
+        self.head_size = head_size
+        self.scale = float(scale)
+        self.num_kv_heads = num_kv_heads or num_heads
+        if self.num_heads % self.num_kv_heads:
+            raise ValueError(
+                f"num_heads={num_heads} is not a multiple of "
+                f"num_kv_heads={num_kv_heads}"
+            )
+        self.logits_soft_cap = logits_soft_cap or None
+        self.kv_sharing_target_layer_name = kv_sharing_target_layer_name
+
+    def begin_forward(
+        self,
+        output: torch.Tensor | None,
+        output_scale: torch.Tensor | None,
+        output_block_scale: torch.Tensor | None,
+        attn_metadata: M | None,
+    ) -> torch.Tensor:
+        """The output buffer to fill; zeroed for vLLM's warm-up run (no metadata, no
+        KV cache bound yet), which the caller then returns as it is."""
+        if output is None:
+            raise ValueError(f"{self.DISPLAY_NAME} needs the output buffer from vLLM")
+        if output_scale is not None or output_block_scale is not None:
+            raise self.refusal(
+                "fused output quantization", "Disable the attention fusion pass."
+            )
+        if attn_metadata is None:
+            output.fill_(0)
+        return output

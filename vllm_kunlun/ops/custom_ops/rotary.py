@@ -1,0 +1,99 @@
+"""Rotary embedding and multimodal rotary embedding as out-of-tree CustomOps (see
+``__init__.py``): vLLM's ``RotaryEmbedding`` / ``MRotaryEmbedding`` with a
+``forward_oot`` on the vendor kernels (``ops/rotary.py``), falling back to
+``forward_native`` (logged once per reason) when a kernel is missing or refuses.
+
+Only these two classes are replaced; vLLM's scaled variants (YaRN, Llama-3, dynamic
+NTK, ...) subclass them under their own names and keep their native path.
+
+Removal: when vLLM dispatches rotary embedding to Kunlun kernels itself.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from vllm.model_executor.layers.rotary_embedding.base import RotaryEmbedding
+from vllm.model_executor.layers.rotary_embedding.mrope import MRotaryEmbedding
+
+from vllm_kunlun.ops import rotary
+from vllm_kunlun.ops.kernels import Kernels, Refused, Route
+
+QK = tuple[torch.Tensor, torch.Tensor | None]
+
+
+class KunlunRotaryEmbedding(RotaryEmbedding):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.kunlun_route = Route("rotary_embedding", ("rotary_embedding",))
+
+    def _vendor(
+        self,
+        k: Kernels,
+        positions: torch.Tensor,
+        query: torch.Tensor,
+        key: torch.Tensor | None = None,
+    ) -> QK:
+        self._match_cos_sin_cache_dtype(query)
+        return rotary.rotary_embedding(
+            k,
+            positions,
+            query,
+            key,
+            self.head_size,
+            self.cos_sin_cache,
+            self.is_neox_style,
+        )
+
+    def forward_oot(
+        self,
+        positions: torch.Tensor,
+        query: torch.Tensor,
+        key: torch.Tensor | None = None,
+    ) -> QK:
+        return self.kunlun_route.run(
+            self._vendor, self.forward_native, positions, query, key
+        )
+
+
+class KunlunMRotaryEmbedding(MRotaryEmbedding):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.kunlun_route = Route(
+            "mrotary_embedding", ("rotary_embedding", "mrotary_embedding_neox")
+        )
+
+    def _vendor(
+        self,
+        k: Kernels,
+        positions: torch.Tensor,
+        query: torch.Tensor,
+        key: torch.Tensor | None = None,
+        offsets: torch.Tensor | None = None,
+    ) -> QK:
+        if offsets is not None:
+            raise Refused("position offsets (no kernel argument)")
+        self._match_cos_sin_cache_dtype(query)
+        return rotary.mrotary_embedding(
+            k,
+            positions,
+            query,
+            key,
+            self.head_size,
+            self.cos_sin_cache,
+            self.is_neox_style,
+            self.mrope_section,
+            self.mrope_interleaved,
+        )
+
+    def forward_oot(
+        self,
+        positions: torch.Tensor,
+        query: torch.Tensor,
+        key: torch.Tensor | None = None,
+        offsets: torch.Tensor | None = None,
+    ) -> QK:
+        return self.kunlun_route.run(
+            self._vendor, self.forward_native, positions, query, key, offsets
+        )

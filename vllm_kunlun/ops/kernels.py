@@ -1,0 +1,154 @@
+"""Routes from vLLM's ops to vendor kernels, with the reason whenever one is not taken.
+
+Why: every vendor path (attention, norms, rotary embedding, activations) asks the same
+three questions: does the active platform want vendor kernels at all, does the
+installed vendor library have the functions, did the kernel refuse these inputs.
+Answering them in one place keeps the answers and their log lines alike everywhere, and
+lets the serving report say which kernels actually served (a silent fallback is the
+failure the deployment log lost days to).
+
+How: ``platform_policy()`` asks the active vllm-kunlun platform (KunlunPlatform: yes;
+host emulation: only with ``VLLM_KUNLUN_EMULATION_VENDOR=1``). A ``Route`` holds one op
+family's vendor functions, resolved when a layer is built. ``Route.run`` calls the
+vendor implementation and falls back to vLLM's native one when the route is not ready,
+when the implementation raises ``Refused`` (inputs the call form cannot express), or
+when the kernel itself raises (the route is then closed for that layer). Every fallback
+reason is logged once per process and counted; ``status()`` sums the routes of this
+process for the serving report.
+
+Removal: never; this is the seam between vLLM's ops and the vendor library.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, TypeVar
+
+import torch
+
+from vllm_kunlun.logger import init_logger
+from vllm_kunlun.ops import vendor
+
+logger = init_logger(__name__)
+
+VENDOR_MODULE = "kunlun_ops"
+Kernels = Mapping[str, Callable[..., Any]]
+T = TypeVar("T")
+
+# Every float dtype the plugin's platforms run models in.
+FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+
+
+class Refused(Exception):
+    """The vendor call form cannot take these inputs; the message says why."""
+
+
+def platform_policy() -> tuple[bool, str]:
+    """Whether the active vLLM platform routes work to vendor kernels, and why."""
+    from vllm.platforms import current_platform
+
+    from vllm_kunlun.platform import KunlunPlatformBase
+
+    if not isinstance(current_platform, KunlunPlatformBase):
+        return False, "the active vLLM platform is not a vllm-kunlun platform"
+    return current_platform.vendor_kernels()
+
+
+_ROUTES: list[Route] = []
+
+
+class Route:
+    """One op family's vendor functions, resolved when a layer is built."""
+
+    def __init__(
+        self,
+        op: str,
+        names: Sequence[str],
+        policy: tuple[bool, str] | None = None,
+    ) -> None:
+        self.op = op
+        self.names = tuple(names)
+        self.vendor_calls = 0
+        self.native_calls = 0
+        self.reasons: set[str] = set()
+        wanted, why = platform_policy() if policy is None else policy
+        self.kernels: dict[str, Callable[..., Any]] = {}
+        self.reason = "" if wanted else why
+        for name in self.names if wanted else ():
+            fn, found = vendor.function(VENDOR_MODULE, name)
+            if fn is None:
+                self.reason = found
+                self.kernels = {}
+                break
+            self.kernels[name] = fn
+        self.ready = not self.reason
+        _ROUTES.append(self)
+        if self.ready:
+            logger.info_once(
+                "vllm-kunlun: %s runs on %s",
+                op,
+                ", ".join(f"{VENDOR_MODULE}.{n}" for n in self.names),
+            )
+
+    def run(
+        self,
+        vendor_impl: Callable[..., T],
+        native_impl: Callable[..., T],
+        *args: Any,
+    ) -> T:
+        """``vendor_impl(kernels, *args)`` when it can, else ``native_impl(*args)``."""
+        if self.ready:
+            try:
+                result = vendor_impl(self.kernels, *args)
+            except Refused as exc:
+                self.note_native(str(exc))
+            except torch.cuda.OutOfMemoryError:
+                raise
+            except Exception as exc:
+                self.ready = False
+                self.reason = f"the kernel raised {type(exc).__name__}: {exc}"
+                self.note_native(self.reason)
+            else:
+                self.vendor_calls += 1
+                return result
+        else:
+            self.note_native(self.reason)
+        return native_impl(*args)
+
+    def note_native(self, reason: str) -> None:
+        self.native_calls += 1
+        if reason not in self.reasons:
+            self.reasons.add(reason)
+            logger.warning_once(
+                "vllm-kunlun: %s falls back to vLLM's native torch path: %s",
+                self.op,
+                reason,
+            )
+
+
+def status() -> dict[str, dict[str, Any]]:
+    """Per op family in this process: the kernels, modules, calls and fallback reasons."""
+    out: dict[str, dict[str, Any]] = {}
+    for route in _ROUTES:
+        entry = out.setdefault(
+            route.op,
+            {
+                "kernels": [f"{VENDOR_MODULE}.{n}" for n in route.names],
+                "modules": 0,
+                "vendor_modules": 0,
+                "vendor_calls": 0,
+                "native_calls": 0,
+                "native_reasons": [],
+            },
+        )
+        entry["modules"] += 1
+        entry["vendor_modules"] += int(route.ready)
+        entry["vendor_calls"] += route.vendor_calls
+        entry["native_calls"] += route.native_calls
+        entry["native_reasons"] = sorted({*entry["native_reasons"], *route.reasons})
+    return out
+
+
+def forget_routes() -> None:
+    """Drop every route of this process (tests)."""
+    _ROUTES.clear()
