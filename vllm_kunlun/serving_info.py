@@ -58,4 +58,16 @@ class ServingInfo:
             "topk_topp_sampler": _qualname(type(topk_topp)) if topk_topp else None,
             "topk_topp_forward": _qualname(getattr(topk_topp, "forward", None)),
             "sampling_kernels": kernels,
+            **_graphs(self.vllm_config.compilation_config),  # type: ignore[attr-defined]
         }
+
+
+def _graphs(compilation: Any) -> dict[str, Any]:
+    """How the model ran: compiled or not, graph mode, graphs captured in this worker."""
+    from vllm.compilation.counter import compilation_counter
+
+    return {
+        "compilation_mode": compilation.mode.name,
+        "cudagraph_mode": compilation.cudagraph_mode.name,
+        "cudagraphs_captured": compilation_counter.num_cudagraph_captured,
+    }
