@@ -119,3 +119,62 @@ def test_unreadable_patch_set_counts_as_missing() -> None:
     missing, why = graphs.missing_patches("eager", inspect=broken)
     assert missing == list(graphs.COMPILE_PATCHES)
     assert why is not None and "could not be checked" in why and "manifest" in why
+
+
+def _config(**parallel: int) -> Any:
+    """What apply_graph_defaults reads, with vLLM's own CompilationConfig as resolved
+    by vLLM for -O2 before the platform hook (tests/integration: the real path)."""
+    from vllm.config import CompilationMode
+
+    compilation = CompilationConfig(
+        mode=CompilationMode.VLLM_COMPILE,
+        backend="eager",
+        cudagraph_mode=CUDAGraphMode.FULL_AND_PIECEWISE,
+        cudagraph_capture_sizes=[1, 2, 4, 8],
+        max_cudagraph_capture_size=8,
+    )
+    return SimpleNamespace(
+        compilation_config=compilation,
+        model_config=SimpleNamespace(enforce_eager=False),
+        parallel_config=SimpleNamespace(
+            tensor_parallel_size=parallel.get("tp", 1),
+            pipeline_parallel_size=parallel.get("pp", 1),
+        ),
+    )
+
+
+@pytest.fixture
+def warnings(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    said: list[str] = []
+    monkeypatch.setattr(
+        graphs.logger, "warning", lambda msg, *args: said.append(msg % args)
+    )
+    return said
+
+
+def test_unpatched_vllm_runs_eagerly_and_names_the_fix(warnings: list[str]) -> None:
+    # The test venv's vLLM is pristine on purpose (docs/patches.md): the real check.
+    report = engine.inspect_tree()
+    if report.pair_problem is not None or report.applied == report.total:
+        pytest.skip("needs the pristine vLLM 0.15.1 on torch 2.5.1 of the test venv")
+    cfg = _config()
+    graphs.apply_graph_defaults(cfg)
+    cc = cfg.compilation_config
+    assert (cc.mode.name, cc.cudagraph_mode.name) == ("NONE", "NONE")
+    assert (cc.cudagraph_capture_sizes, cc.max_cudagraph_capture_size) == ([], 0)
+    (said,) = warnings
+    assert "CUDA graphs OFF, the model runs eagerly" in said
+    for patch_id in graphs.COMPILE_PATCHES:
+        assert patch_id in said
+    assert "Fix: run `vllm-kunlun patch apply`" in said
+
+
+@pytest.mark.parametrize(("tp", "pp"), [(8, 1), (1, 2)])
+def test_tensor_or_pipeline_parallel_runs_eagerly(
+    tp: int, pp: int, warnings: list[str]
+) -> None:
+    cfg = _config(tp=tp, pp=pp)
+    graphs.apply_graph_defaults(cfg)
+    assert cfg.compilation_config.cudagraph_mode.name == "NONE"
+    (said,) = warnings
+    assert f"tensor/pipeline parallel ({tp}/{pp})" in said
