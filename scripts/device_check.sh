@@ -3,11 +3,16 @@
 # Runs in one go, well under 10 minutes, and writes everything under $OUT:
 #   1. the portable paged-attention tests on CUDA (torch only; runs on any torch);
 #   2. if the validated stack is importable there (vllm 0.15.1 on torch 2.5.1): the
-#      greedy-equality e2e test with the real KunlunPlatform in CUDA-compatibility
-#      mode (the test-only torch_xmlir reports 1 device), the demo on the GPU (tokens/s)
-#      and the sampler benchmark on CUDA;
-#   otherwise it says exactly what is missing instead.
-# At most 7 files land in $OUT (the device tool returns 8).
+#      patch_torch251 set applied to that vLLM (graphs need torch.compile), then with
+#      the real KunlunPlatform in CUDA-compatibility mode (the test-only torch_xmlir
+#      reports 1 device): piecewise CUDA graphs equal eager token for token, the
+#      greedy-equality e2e test, the decode benchmark (256 sequences, graphs on vs
+#      off; its table in decode_cuda.md), the demo (tokens/s) and the sampler
+#      benchmark on CUDA;
+#   otherwise it says exactly what is missing instead. The device image has no vLLM
+#   and it cannot be carried (see the message below), so part 2 runs only where the
+#   stack is installed.
+# At most 8 files land in $OUT (the device tool returns 8).
 # Usage (device tool): run(command="bash scripts/device_check.sh", timeout_s=540)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -55,25 +60,34 @@ if [ "$stack_ok" != "1" ]; then
   msg="vllm 0.15.1 on torch 2.5.1 is not installed on this machine ($(tr '\n' ' ' < "$OUT/machine.txt")). "
   msg+="It cannot be carried: the vllm wheel is ~509 MB and torch 2.5.1+cu124 with its CUDA "
   msg+="libraries several GB, above the 64 MiB a device call may carry, and the machine has "
-  msg+="no package registry. Greedy equality with KunlunPlatform, GPU tokens/s and the "
+  msg+="no package registry. Graph capture vs eager and greedy equality with KunlunPlatform, "
+  msg+="the decode benchmark (graphs on vs off), GPU tokens/s and the "
   msg+="sampler benchmark on CUDA were not run."
   echo "$msg" | tee "$OUT/engine_skipped.txt"
   exit $status
 fi
 
-step "greedy equality, KunlunPlatform on CUDA (TRITON_ATTN and the portable backend)"
-"$PY" -m pytest -q -p no:cacheprovider -m device tests/device/test_e2e_kunlun_cuda.py \
-  2>&1 | tail -60 | tee "$OUT/e2e_cuda.log" || status=1
+step "patch_torch251 on this vLLM (CUDA graphs need torch.compile on torch 2.5.1)"
+"$PY" -m vllm_kunlun.cli patch apply 2>&1 | tee -a "$OUT/machine.txt" || status=1
+
+step "piecewise CUDA graphs equal eager; greedy equality (KunlunPlatform on CUDA)"
+timeout 240 "$PY" -m pytest -q -p no:cacheprovider -m device \
+  tests/device/test_graphs_cuda.py tests/device/test_e2e_kunlun_cuda.py \
+  2>&1 | tail -80 | tee "$OUT/e2e_cuda.log" || status=1
+
+step "decode benchmark: 256 sequences, vocab 151,936, graphs on vs off"
+timeout 180 "$PY" benchmarks/decode.py --device cuda --num-seqs 256 --output-len 64 \
+  --repeats 2 --json "$OUT/decode_cuda.json" 2>&1 | tee "$OUT/decode_cuda.md" || status=1
 
 step "demo on the GPU (tokens/s)"
 PYTHONPATH="$PWD/tests/fakes:$PYTHONPATH" FAKE_XMLIR_DEVICES=1 VLLM_KUNLUN_SAMPLER=portable \
-  timeout 240 "$PY" -m vllm_kunlun.cli demo --max-tokens 64 --json-out "$OUT/demo_cuda.json" \
+  timeout 90 "$PY" -m vllm_kunlun.cli demo --max-tokens 64 --json-out "$OUT/demo_cuda.json" \
   > "$OUT/demo_cuda.log" 2>&1 || status=1
 tail -20 "$OUT/demo_cuda.log"
 
 step "sampler benchmark on CUDA"
 if [ -f benchmarks/sampler.py ]; then
-  timeout 180 "$PY" benchmarks/sampler.py --device cuda --iters 20 \
-    --json "$OUT/sampler_cuda.json" 2>&1 | tail -20 | tee "$OUT/sampler_cuda.log" || status=1
+  timeout 60 "$PY" benchmarks/sampler.py --device cuda --iters 20 \
+    2>&1 | tail -20 | tee "$OUT/sampler_cuda.log" || status=1
 fi
 exit $status

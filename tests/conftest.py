@@ -56,9 +56,11 @@ def run_python(
     )
 
 
-def load_script(path: Path, name: str) -> ModuleType:
-    """Import a script that is not a package module (a benchmark) under ``name``."""
-    spec = importlib.util.spec_from_file_location(name, path)
+def load_benchmark(name: str) -> ModuleType:
+    """``benchmarks/<name>.py`` as a module (benchmarks are scripts, not a package)."""
+    spec = importlib.util.spec_from_file_location(
+        f"bench_{name}", REPO / "benchmarks" / f"{name}.py"
+    )
     assert spec and spec.loader
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # dataclasses look their module up

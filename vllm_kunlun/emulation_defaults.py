@@ -88,6 +88,10 @@ def apply_emulation_defaults(vllm_config: VllmConfig) -> None:
         )
     _set(compilation, "cudagraph_mode", CUDAGraphMode.NONE, "no graphs on the CPU")
     _set(compilation, "cudagraph_capture_sizes", [], "no graphs on the CPU")
+    logger.info(
+        "vllm-kunlun emulation: eager model, no CUDA graphs: the host CPU has no "
+        "graphs to capture (KunlunPlatform captures piecewise graphs around attention)"
+    )
     if envs.VLLM_KUNLUN_EMULATION_VENDOR:
         from vllm_kunlun.ops.custom_ops import enable_flags
 

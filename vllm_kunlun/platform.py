@@ -235,7 +235,8 @@ class KunlunPlatformBase(Platform):
         super().import_kernels()
         from vllm_kunlun import native
 
-        native.load()
+        if native.load():
+            _point_vllm_weak_ref_at_native()
 
     @classmethod
     def get_punica_wrapper(cls) -> str:
@@ -246,6 +247,18 @@ class KunlunPlatformBase(Platform):
         )
 
 
+def _point_vllm_weak_ref_at_native() -> None:
+    """vLLM's graph wrapper keeps captured outputs through our weak_ref_tensor op."""
+    from vllm_kunlun.patching import weak_ref
+    from vllm_kunlun.patching.attribute import PatchMismatch
+
+    try:
+        if weak_ref.apply():
+            logger.info("vllm-kunlun: runtime patch %s applied", weak_ref.NAME)
+    except PatchMismatch as exc:
+        logger.warning_once("vllm-kunlun: %s", str(exc))
+
+
 class KunlunPlatform(KunlunPlatformBase):
     _banner = "KunlunPlatform active (CUDA-compatibility mode)"
     device_name: str = "cuda"
@@ -253,6 +266,8 @@ class KunlunPlatform(KunlunPlatformBase):
     dispatch_key: str = "CUDA"
     ray_device_key: str = "GPU"
     dist_backend: str = "nccl"
+    # torch.compile without Inductor: Dynamo graphs run as traced (vllm_kunlun.graphs).
+    simple_compile_backend: str = "eager"
     device_control_env_var: str = "XPU_VISIBLE_DEVICES"
     additional_env_vars: list[str] = ["XPU_VISIBLE_DEVICES", *envs.registry()]
 
@@ -296,14 +311,30 @@ class KunlunPlatform(KunlunPlatformBase):
         torch.cuda.reset_peak_memory_stats(device)
         return float(torch.cuda.max_memory_allocated(device))
 
+    # ---- graphs (vllm_kunlun/graphs.py) -----------------------------------------------
+    @classmethod
+    def support_static_graph_mode(cls) -> bool:
+        return True
+
+    @classmethod
+    def get_static_graph_wrapper_cls(cls) -> str:
+        return "vllm.compilation.cuda_graph.CUDAGraphWrapper"
+
+    @classmethod
+    def opaque_attention_op(cls) -> bool:
+        # Attention is one custom op in the compiled graph: the piecewise split point.
+        return True
+
     # ---- configuration --------------------------------------------------------------
     @classmethod
     def check_and_update_config(cls, vllm_config: VllmConfig) -> None:
         from vllm_kunlun.config_defaults import apply_kunlun_defaults
+        from vllm_kunlun.graphs import apply_graph_defaults
         from vllm_kunlun.ops.custom_ops import log_enablement
 
         apply_kunlun_defaults(vllm_config)
-        log_enablement(vllm_config)
+        apply_graph_defaults(vllm_config)
+        log_enablement(vllm_config)  # after the graph defaults settle the compile mode
         from vllm_kunlun.guards import check_engine_config
 
         check_engine_config(vllm_config)

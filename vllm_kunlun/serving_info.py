@@ -65,4 +65,16 @@ class ServingInfo:
             # CustomOps replaced for the vendor kernels, and what each route served.
             "custom_ops": custom_ops.describe_model(model) if model is not None else {},
             "vendor_kernels": vendor_routes.status(),
+            **_graphs(self.vllm_config.compilation_config),  # type: ignore[attr-defined]
         }
+
+
+def _graphs(compilation: Any) -> dict[str, Any]:
+    """How the model ran: compiled or not, graph mode, graphs captured in this worker."""
+    from vllm.compilation.counter import compilation_counter
+
+    return {
+        "compilation_mode": compilation.mode.name,
+        "cudagraph_mode": compilation.cudagraph_mode.name,
+        "cudagraphs_captured": compilation_counter.num_cudagraph_captured,
+    }

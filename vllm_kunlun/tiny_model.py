@@ -56,14 +56,32 @@ class TinyQwen3Spec:
     max_position_embeddings: int = 2048
     rope_theta: float = 10000.0
     rms_norm_eps: float = 1e-6
+    # None: the word list's size. Larger: the word list padded with <|extra_N|> tokens
+    # (e.g. Qwen's 151,936 for benchmarks at a real vocabulary size).
+    vocab_size: int | None = None
 
 
-def vocabulary() -> list[str]:
-    """Token strings in id order (duplicates removed, first occurrence wins)."""
+def _spec_fields(spec: TinyQwen3Spec) -> dict:
+    """The spec as written to config.json and the marker (unset options left out, so
+    the default model's bytes never change)."""
+    return {k: v for k, v in asdict(spec).items() if v is not None}
+
+
+def vocabulary(size: int | None = None) -> list[str]:
+    """Token strings in id order (duplicates removed, first occurrence wins), padded
+    to ``size`` tokens when given."""
     seen: dict[str, None] = {}
     for tok in (*SPECIAL_TOKENS, *_WORD_TEXT.split()):
         seen.setdefault(tok, None)
-    return list(seen)
+    words = list(seen)
+    if size is None:
+        return words
+    if size < len(words):
+        raise ValueError(
+            f"vocab_size={size} is smaller than the tiny model's word list "
+            f"({len(words)} tokens); use at least {len(words)} or leave it unset"
+        )
+    return words + [f"<|extra_{i}|>" for i in range(size - len(words))]
 
 
 def _config(spec: TinyQwen3Spec, vocab_size: int) -> dict:
@@ -93,7 +111,11 @@ def _config(spec: TinyQwen3Spec, vocab_size: int) -> dict:
         "pad_token_id": 2,
         "torch_dtype": "float32",
         "use_cache": True,
-        "vllm_kunlun_tiny": {"seed": SEED, "format": FORMAT_VERSION, **asdict(spec)},
+        "vllm_kunlun_tiny": {
+            "seed": SEED,
+            "format": FORMAT_VERSION,
+            **_spec_fields(spec),
+        },
     }
 
 
@@ -192,7 +214,7 @@ def write_tiny_model(
     spec = spec or TinyQwen3Spec()
     out = Path(directory)
     out.mkdir(parents=True, exist_ok=True)
-    vocab = vocabulary()
+    vocab = vocabulary(spec.vocab_size)
 
     def dump(obj: dict) -> bytes:
         return (json.dumps(obj, indent=2, sort_keys=True) + "\n").encode()
@@ -209,7 +231,8 @@ def write_tiny_model(
         dump({k: v for k, v in _tokenizer_config().items() if k.endswith("_token")}),
     )
     _write_atomic(
-        out / MARKER, dump({"seed": SEED, "format": FORMAT_VERSION, **asdict(spec)})
+        out / MARKER,
+        dump({"seed": SEED, "format": FORMAT_VERSION, **_spec_fields(spec)}),
     )
     return out
 
@@ -224,7 +247,7 @@ def is_tiny_model(
     except (OSError, ValueError):
         return False
     spec = spec or TinyQwen3Spec()
-    return found == {"seed": SEED, "format": FORMAT_VERSION, **asdict(spec)}
+    return found == {"seed": SEED, "format": FORMAT_VERSION, **_spec_fields(spec)}
 
 
 def ensure_tiny_model(

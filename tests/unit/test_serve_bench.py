@@ -7,12 +7,12 @@ from types import ModuleType
 
 import pytest
 
-from tests.conftest import REPO, load_script
+from tests.conftest import load_benchmark
 
 
 @pytest.fixture(scope="module")
 def bench() -> ModuleType:
-    return load_script(REPO / "benchmarks" / "serve.py", "bench_serve")
+    return load_benchmark("serve")
 
 
 def option(cmd: list[str], name: str) -> str:

@@ -7,12 +7,12 @@ from types import ModuleType
 
 import pytest
 
-from tests.conftest import REPO, load_script
+from tests.conftest import load_benchmark
 
 
 @pytest.fixture(scope="module")
 def bench() -> ModuleType:
-    return load_script(REPO / "benchmarks" / "throughput.py", "bench_throughput")
+    return load_benchmark("throughput")
 
 
 def option(cmd: list[str], name: str) -> str:

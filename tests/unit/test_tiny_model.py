@@ -102,3 +102,47 @@ def test_a_cache_from_before_the_chat_template_is_rebuilt(tmp_path: Path) -> Non
     marker = json.loads((target / tiny_model.MARKER).read_text())
     (target / tiny_model.MARKER).write_text(json.dumps({**marker, "format": 1}))
     assert not tiny_model.is_tiny_model(target)
+
+
+# The default checkpoint's sha256 (tiny_model.checksum) as built by torch 2.5.1: options
+# added to the spec must leave the default model's bytes alone. Format 2 (the chat
+# template) changed config.json and tokenizer_config.json only; the weights and
+# tokenizer.json are the bytes of format 1.
+DEFAULT_CHECKSUM = "dce9cd3dedf10a9efdab190222224c69fd3fbf059d26da14fe9b7fccebdcc915"
+
+
+def test_default_model_bytes_are_unchanged(model_dir: Path) -> None:
+    import torch
+
+    config = json.loads((model_dir / "config.json").read_text())
+    assert "vocab_size" not in config["vllm_kunlun_tiny"]
+    if not torch.__version__.startswith("2.5.1"):
+        pytest.skip(f"checksum recorded on torch 2.5.1, not {torch.__version__}")
+    assert tiny_model.checksum(model_dir) == DEFAULT_CHECKSUM
+
+
+def test_large_vocabulary_pads_the_tokenizer(tmp_path: Path) -> None:
+    spec = tiny_model.TinyQwen3Spec(vocab_size=151_936)
+    out = tiny_model.write_tiny_model(tmp_path / "big", spec)
+    config = json.loads((out / "config.json").read_text())
+    assert config["vocab_size"] == 151_936
+    assert config["vllm_kunlun_tiny"]["vocab_size"] == 151_936
+    tok = Tokenizer.from_file(str(out / "tokenizer.json"))
+    assert tok.get_vocab_size() == 151_936
+    assert (
+        tok.decode([151_935]) == f"<|extra_{151_935 - len(tiny_model.vocabulary())}|>"
+    )
+    prompt = DEFAULT_PROMPTS[0]  # the words keep their ids
+    small = Tokenizer.from_file(
+        str(tiny_model.write_tiny_model(tmp_path / "s") / "tokenizer.json")
+    )
+    assert tok.encode(prompt).ids == small.encode(prompt).ids
+    weights = load_file(str(out / "model.safetensors"))
+    assert weights["lm_head.weight"].shape == (151_936, config["hidden_size"])
+    assert tiny_model.is_tiny_model(out, spec)
+    assert not tiny_model.is_tiny_model(out)  # another spec: ensure_* rebuilds
+
+
+def test_vocabulary_smaller_than_the_words_is_refused() -> None:
+    with pytest.raises(ValueError, match="smaller than the tiny model's word list"):
+        tiny_model.vocabulary(10)

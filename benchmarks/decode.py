@@ -1,0 +1,388 @@
+"""Decode at the deployment log's scale: N concurrent sequences, a 151,936-token vocabulary.
+
+The log's throughput problem was decode at 256 concurrent requests: 32 output tok/s
+with vLLM's own sampler (its ``exponential_`` noise ran on the CPU), 3,201 once sampling
+stayed on the device. This benchmark reproduces that shape with vLLM's engine and the
+plugin: N requests (default 256) with short prompts and long outputs, random sampling
+(temperature 1) over a 151,936-token vocabulary, all in one batch.
+
+Engines, each in its own interpreter, measured in the same run:
+
+* host emulation (default): the tiny Qwen3 with a 151,936-token vocabulary on the CPU,
+  ``ours`` (the plugin's sampler) and ``native`` (vLLM's ``TopKTopPSampler``: the
+  plugin's general plugin is left out with ``VLLM_PLUGINS=kunlun``, as in the log's
+  stall). The served sampler is read back from the worker and checked.
+* ``--device cuda`` (a lent GPU): KunlunPlatform forced on CUDA (the test-only
+  torch_xmlir reports one device), ``graphs`` (piecewise CUDA graphs; needs the
+  patch_torch251 set applied) and ``eager`` (``enforce_eager``), both with our sampler.
+  The worker reports how many graphs it captured.
+
+Per engine, after a warm-up, each repeat times ``generate`` twice: T1 with
+``max_tokens=1`` (prefill and the first token) and T with ``max_tokens=M``. Reported
+(medians over repeats): output tok/s = N x M / T, decode ms/step = (T - T1) / (M - 1),
+and the ratio of each engine's output tok/s to the baseline's (native / eager).
+
+    python benchmarks/decode.py                          # 256 x 64 tokens, emulation
+    python benchmarks/decode.py --num-seqs 64 --output-len 32 --repeats 2
+    python benchmarks/decode.py --device cuda --json out.json
+
+Host emulation numbers measure the plugin's code paths on a CPU, not a Kunlun card.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+VOCAB = 151_936
+NATIVE_FORWARD = "vllm.v1.sample.ops.topk_topp_sampler.TopKTopPSampler.forward_native"
+OURS_FORWARD = "vllm_kunlun.sample.topk_topp.KunlunTopKTopPSampler.forward"
+
+
+@dataclass(frozen=True)
+class Engine:
+    """One engine configuration: what it is called, its environment, its LLM args."""
+
+    name: str
+    sampler: str  # "ours" or "native"
+    graphs: bool
+    env: dict[str, str] = field(default_factory=dict)
+    llm: dict[str, Any] = field(default_factory=dict)
+
+
+def engines(args: argparse.Namespace) -> list[Engine]:
+    """The engines to compare; the last one is the baseline of the ratio."""
+    common: dict[str, Any] = {
+        "max_num_seqs": args.num_seqs,
+        "max_model_len": args.prompt_len + args.output_len + 16,
+        "max_num_batched_tokens": max(args.num_seqs * args.prompt_len, 512),
+        "enable_prefix_caching": False,
+        "seed": 0,
+    }
+    if args.device == "cpu":
+        env = {"VLLM_KUNLUN_HOST_EMULATION": "1"}
+        llm = {**common, "dtype": "float32", "enforce_eager": True}
+        return [
+            Engine("ours", "ours", False, env, llm),
+            # Only the platform plugin: the sampling patches never go in.
+            Engine("native", "native", False, {**env, "VLLM_PLUGINS": "kunlun"}, llm),
+        ]
+    fakes = str(REPO / "tests" / "fakes")
+    path = os.pathsep.join(filter(None, [fakes, os.environ.get("PYTHONPATH")]))
+    env = {"FAKE_XMLIR_DEVICES": "1", "PYTHONPATH": path}
+    llm = {
+        **common,
+        "dtype": args.dtype,
+        "kv_cache_memory_bytes": 4 << 30,
+        "attention_backend": args.attention_backend,
+    }
+    return [
+        Engine("graphs", "ours", True, env, {**llm, "enforce_eager": False}),
+        Engine("eager", "ours", False, env, {**llm, "enforce_eager": True}),
+    ]
+
+
+def prompts(count: int, length: int) -> list[str]:
+    """``count`` different prompts of ``length`` words from the tiny vocabulary."""
+    sys.path.insert(0, str(REPO))
+    from vllm_kunlun.tiny_model import vocabulary
+
+    words = [w for w in vocabulary() if w.isalpha()]
+    n = len(words)
+
+    def word(i: int, j: int) -> str:
+        # The first two words spell i in base n (distinct prompts), then filler.
+        return words[(i // n**j) % n if j < 2 else (i * 7 + j * 13) % n]
+
+    return [" ".join(word(i, j) for j in range(length)) for i in range(count)]
+
+
+def summarize(
+    t1: list[float], tm: list[float], num_seqs: int, output_len: int
+) -> dict[str, float]:
+    """Medians over repeats: output tok/s, decode ms/step (prefill taken out)."""
+    first, full = statistics.median(t1), statistics.median(tm)
+    steps = max(output_len - 1, 1)
+    return {
+        "t1_s": first,
+        "t_s": full,
+        "output_tok_s": num_seqs * output_len / full,
+        "decode_ms_per_step": 1000.0 * max(full - first, 0.0) / steps,
+    }
+
+
+def check_served(engine: Engine, info: dict[str, Any]) -> None:
+    """Refuse a result whose worker ran something else than the engine's name says."""
+    want = OURS_FORWARD if engine.sampler == "ours" else NATIVE_FORWARD
+    if info.get("topk_topp_forward") != want:
+        raise RuntimeError(
+            f"engine {engine.name}: the worker sampled with "
+            f"{info.get('topk_topp_forward')}, expected {want}; the comparison would "
+            "be meaningless"
+        )
+    captured = int(info.get("cudagraphs_captured") or 0)
+    if engine.graphs and captured == 0:
+        raise RuntimeError(
+            f"engine {engine.name}: no CUDA graph was captured (cudagraph mode "
+            f"{info.get('cudagraph_mode')}); see the engine log for the reason (the "
+            "patch_torch251 set must be applied: vllm-kunlun patch apply)"
+        )
+    if not engine.graphs and captured:
+        raise RuntimeError(f"engine {engine.name}: {captured} graphs captured")
+
+
+# ---- child: one engine in this interpreter, driven over stdin/stdout ----------------
+
+
+def serve_child(spec: dict[str, Any]) -> None:
+    """Start the engine, then answer one line per command: ``run N`` (seconds for
+    generating N tokens per prompt), ``info`` (the worker's serving info), ``quit``.
+
+    Engines stay up side by side and the parent alternates its timed runs between
+    them, so a change in machine load hits every engine alike.
+    """
+    from vllm import LLM, SamplingParams
+
+    from vllm_kunlun.serving_info import SERVING_INFO_METHOD, WORKER_EXTENSION
+
+    start = time.perf_counter()
+    llm = LLM(model=spec["model"], worker_extension_cls=WORKER_EXTENSION, **spec["llm"])
+    reply({"ready": time.perf_counter() - start})
+    texts = prompts(spec["num_seqs"], spec["prompt_len"])
+    sampling = {"temperature": 1.0, "ignore_eos": True, **spec["sampling"]}
+    for line in sys.stdin:
+        command, *rest = line.split()
+        if command == "run":
+            max_tokens = int(rest[0])
+            params = SamplingParams(max_tokens=max_tokens, **sampling)
+            t0 = time.perf_counter()
+            outs = llm.generate(texts, params, use_tqdm=False)
+            elapsed = time.perf_counter() - t0
+            got = sum(len(o.outputs[0].token_ids) for o in outs)
+            reply({"seconds": elapsed, "tokens": got})
+        elif command == "info":
+            (info,) = llm.collective_rpc(SERVING_INFO_METHOD)
+            reply({"info": info})
+        else:
+            return
+
+
+REPLY = "DECODE-BENCH "
+
+
+def reply(obj: dict[str, Any]) -> None:
+    print(REPLY + json.dumps(obj), flush=True)
+
+
+# ---- parent ------------------------------------------------------------------------------
+
+
+def model_dir(args: argparse.Namespace) -> str:
+    if args.model:
+        return args.model
+    sys.path.insert(0, str(REPO))
+    from vllm_kunlun.tiny_model import (
+        TinyQwen3Spec,
+        default_cache_dir,
+        ensure_tiny_model,
+    )
+
+    target = default_cache_dir().with_name(f"tiny-qwen3-vocab{VOCAB}")
+    return str(ensure_tiny_model(target, TinyQwen3Spec(vocab_size=VOCAB)))
+
+
+class Child:
+    """One engine process and its log; ``ask`` sends a command and reads the reply."""
+
+    def __init__(
+        self, engine: Engine, args: argparse.Namespace, model: str, work: Path
+    ) -> None:
+        self.engine = engine
+        spec = {
+            "model": model,
+            "llm": engine.llm,
+            "num_seqs": args.num_seqs,
+            "prompt_len": args.prompt_len,
+            "sampling": {
+                k: v
+                for k, v in (("top_k", args.top_k), ("top_p", args.top_p))
+                if v is not None
+            },
+        }
+        spec_path = work / f"{engine.name}.spec.json"
+        spec_path.write_text(json.dumps(spec))
+        env = {k: v for k, v in os.environ.items() if k != "VLLM_PLUGINS"}
+        # Logs go to the log file; stdout carries only the replies.
+        env.update(engine.env, VLLM_LOGGING_STREAM="ext://sys.stderr")
+        self.log_path = work / f"{engine.name}.log"
+        self.proc = subprocess.Popen(
+            [sys.executable, __file__, "--child", str(spec_path)],
+            env=env,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=self.log_path.open("w"),
+            text=True,
+        )
+        self.start_s = float(self.read()["ready"])
+
+    def read(self) -> dict[str, Any]:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            if line.startswith(REPLY):
+                return dict(json.loads(line[len(REPLY) :]))
+        tail = self.log_path.read_text()[-3000:]
+        raise SystemExit(
+            f"engine {self.engine.name} exited (code {self.proc.wait()}):\n{tail}"
+        )
+
+    def ask(self, command: str) -> dict[str, Any]:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(command + "\n")
+        self.proc.stdin.flush()
+        return self.read()
+
+    def run(self, max_tokens: int, num_seqs: int) -> float:
+        got = self.ask(f"run {max_tokens}")
+        if got["tokens"] != num_seqs * max_tokens:
+            raise RuntimeError(
+                f"engine {self.engine.name}: {got['tokens']} tokens, expected "
+                f"{num_seqs * max_tokens}"
+            )
+        return float(got["seconds"])
+
+    def close(self) -> None:
+        if self.proc.poll() is None and self.proc.stdin is not None:
+            self.proc.stdin.write("quit\n")
+            self.proc.stdin.close()
+            try:
+                self.proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+
+
+def measure(children: list[Child], args: argparse.Namespace) -> list[dict[str, Any]]:
+    """Warm up every engine, then alternate the timed runs between them."""
+    n, m = args.num_seqs, args.output_len
+    for child in children:
+        child.run(min(4, m), n)
+    t1: dict[str, list[float]] = {c.engine.name: [] for c in children}
+    tm: dict[str, list[float]] = {c.engine.name: [] for c in children}
+    for _ in range(args.repeats):
+        for child in children:
+            t1[child.engine.name].append(child.run(1, n))
+            tm[child.engine.name].append(child.run(m, n))
+    rows = []
+    for child in children:
+        e = child.engine
+        info = child.ask("info")["info"]
+        check_served(e, info)
+        rows.append(
+            {
+                "engine": e.name,
+                "sampler": e.sampler,
+                "graphs": e.graphs,
+                "num_seqs": n,
+                "prompt_len": args.prompt_len,
+                "output_len": m,
+                "engine_start_s": child.start_s,
+                "t1_runs_s": t1[e.name],
+                "t_runs_s": tm[e.name],
+                **summarize(t1[e.name], tm[e.name], n, m),
+                "serving": info,
+            }
+        )
+    return rows
+
+
+def table(rows: list[dict[str, Any]], baseline: str) -> str:
+    base = next(r for r in rows if r["engine"] == baseline)["output_tok_s"]
+    lines = [
+        "| engine | sampler | graphs | sequences | prompt/output | output tok/s | "
+        "decode ms/step | vs " + baseline + " |",
+        "|---|---|---|---:|---|---:|---:|---:|",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r['engine']} | {r['sampler']} | {'on' if r['graphs'] else 'off'} | "
+            f"{r['num_seqs']} | {r['prompt_len']}/{r['output_len']} | "
+            f"{r['output_tok_s']:.1f} | {r['decode_ms_per_step']:.1f} | "
+            f"{r['output_tok_s'] / base:.2f}x |"
+        )
+    return "\n".join(lines)
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--num-seqs", type=int, default=256)
+    parser.add_argument("--prompt-len", type=int, default=8, help="words per prompt")
+    parser.add_argument("--output-len", type=int, default=64)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    parser.add_argument("--dtype", default="bfloat16", help="cuda only")
+    parser.add_argument("--attention-backend", default="TRITON_ATTN", help="cuda only")
+    parser.add_argument("--top-k", type=int, help="per-request top-k (default none)")
+    parser.add_argument("--top-p", type=float, help="per-request top-p (default none)")
+    parser.add_argument("--model", help="model directory (default: the tiny Qwen3)")
+    parser.add_argument("--engines", default="", help="comma-separated subset")
+    parser.add_argument("--json", type=Path, help="also write the results here")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["--child"]:
+        serve_child(json.loads(Path(argv[1]).read_text()))
+        return 0
+    args = parse_args(argv)
+    chosen = engines(args)
+    if args.engines:
+        wanted = args.engines.split(",")
+        chosen = [e for e in chosen if e.name in wanted]
+    model = model_dir(args)
+    children: list[Child] = []
+    with tempfile.TemporaryDirectory(prefix="vllm-kunlun-decode-") as tmp:
+        try:
+            for engine in chosen:
+                print(f"==> starting engine {engine.name}", flush=True)
+                children.append(Child(engine, args, model, Path(tmp)))
+            print(
+                f"==> {args.repeats} x (1 and {args.output_len} tokens) for "
+                f"{args.num_seqs} sequences, alternating engines",
+                flush=True,
+            )
+            rows = measure(children, args)
+        finally:
+            for child in children:
+                child.close()
+    print(table(rows, baseline=rows[-1]["engine"]))
+    for r in rows:
+        print(
+            f"{r['engine']}: engine start {r['engine_start_s']:.1f} s; T1 runs "
+            f"{_secs(r['t1_runs_s'])}; T runs {_secs(r['t_runs_s'])}; served by "
+            f"{r['serving'].get('topk_topp_forward')}, graphs "
+            f"{r['serving'].get('cudagraph_mode')} "
+            f"({r['serving'].get('cudagraphs_captured')} captured)"
+        )
+    if args.json:
+        args.json.write_text(
+            json.dumps({"args": {**vars(args), "json": str(args.json)}, "rows": rows})
+        )
+    return 0
+
+
+def _secs(values: list[float]) -> str:
+    return ", ".join(f"{v:.2f}" for v in values)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

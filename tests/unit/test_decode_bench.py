@@ -1,0 +1,128 @@
+"""benchmarks/decode.py: the engines it compares, its arithmetic and its refusals.
+
+The benchmark itself starts engines for minutes; these tests check what decides
+whether its numbers mean what its table says.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import importlib.util
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+from tests.conftest import REPO, load_benchmark
+
+
+@pytest.fixture(scope="module")
+def bench() -> ModuleType:
+    return load_benchmark("decode")
+
+
+def test_defaults_are_the_logs_shape(bench: ModuleType) -> None:
+    args = bench.parse_args([])
+    assert (args.num_seqs, args.device) == (256, "cpu")
+    assert args.output_len > 4 * args.prompt_len  # decode-dominated
+    assert bench.VOCAB == 151_936
+
+
+def test_cpu_compares_our_sampler_with_vllms_in_emulation(bench: ModuleType) -> None:
+    ours, native = bench.engines(bench.parse_args(["--num-seqs", "32"]))
+    assert (ours.name, ours.sampler, native.name, native.sampler) == (
+        "ours",
+        "ours",
+        "native",
+        "native",
+    )
+    for e in (ours, native):
+        assert e.env["VLLM_KUNLUN_HOST_EMULATION"] == "1"
+        assert e.llm["max_num_seqs"] == 32 and e.graphs is False
+    assert "VLLM_PLUGINS" not in ours.env
+    # Native: the platform plugin only, so the sampling patches never go in.
+    platform_plugins = {
+        ep.name for ep in importlib.metadata.entry_points(group="vllm.platform_plugins")
+    }
+    general = {
+        ep.name for ep in importlib.metadata.entry_points(group="vllm.general_plugins")
+    }
+    assert native.env["VLLM_PLUGINS"] in platform_plugins
+    assert "kunlun_runtime_fixes" in general
+    assert "kunlun_runtime_fixes" not in native.env["VLLM_PLUGINS"].split(",")
+
+
+def test_cuda_compares_graphs_with_eager_on_kunlun_platform(bench: ModuleType) -> None:
+    graphs, eager = bench.engines(bench.parse_args(["--device", "cuda"]))
+    assert (graphs.graphs, graphs.llm["enforce_eager"]) == (True, False)
+    assert (eager.graphs, eager.llm["enforce_eager"]) == (False, True)
+    for e in (graphs, eager):
+        assert e.sampler == "ours"
+        assert e.env["FAKE_XMLIR_DEVICES"] == "1"  # KunlunPlatform, not CudaPlatform
+        assert str(REPO / "tests" / "fakes") in e.env["PYTHONPATH"].split(":")
+        assert "VLLM_KUNLUN_HOST_EMULATION" not in e.env
+
+
+def test_summary_takes_prefill_out_of_the_decode_step(bench: ModuleType) -> None:
+    got = bench.summarize([1.0, 1.2, 5.0], [10.0, 11.0, 30.0], 256, 64)
+    assert got["t1_s"] == 1.2 and got["t_s"] == 11.0  # medians
+    assert got["output_tok_s"] == pytest.approx(256 * 64 / 11.0)
+    assert got["decode_ms_per_step"] == pytest.approx(1000 * 9.8 / 63)
+
+
+def _info(forward: str, captured: int = 0) -> dict:
+    return {
+        "topk_topp_forward": forward,
+        "cudagraphs_captured": captured,
+        "cudagraph_mode": "PIECEWISE" if captured else "NONE",
+    }
+
+
+def test_results_from_the_wrong_sampler_are_refused(bench: ModuleType) -> None:
+    ours, native = bench.engines(bench.parse_args([]))
+    bench.check_served(ours, _info(bench.OURS_FORWARD))
+    bench.check_served(native, _info(bench.NATIVE_FORWARD))
+    with pytest.raises(RuntimeError, match="would be meaningless"):
+        bench.check_served(native, _info(bench.OURS_FORWARD))
+    with pytest.raises(RuntimeError, match="would be meaningless"):
+        bench.check_served(ours, _info(bench.NATIVE_FORWARD))
+
+
+def test_a_graph_engine_without_graphs_is_refused(bench: ModuleType) -> None:
+    graphs, eager = bench.engines(bench.parse_args(["--device", "cuda"]))
+    bench.check_served(graphs, _info(bench.OURS_FORWARD, captured=35))
+    with pytest.raises(RuntimeError, match="vllm-kunlun patch apply"):
+        bench.check_served(graphs, _info(bench.OURS_FORWARD, captured=0))
+    with pytest.raises(RuntimeError, match="graphs captured"):
+        bench.check_served(eager, _info(bench.OURS_FORWARD, captured=3))
+
+
+def test_table_ratios_are_against_the_baseline(bench: ModuleType) -> None:
+    row = {"sampler": "ours", "graphs": False, "num_seqs": 256, "prompt_len": 8}
+    rows = [
+        {**row, "engine": "ours", "output_len": 64, "output_tok_s": 300.0,
+         "decode_ms_per_step": 800.0},
+        {**row, "engine": "native", "output_len": 64, "output_tok_s": 100.0,
+         "decode_ms_per_step": 2500.0},
+    ]  # fmt: skip
+    lines = bench.table(rows, baseline="native").splitlines()
+    assert "vs native" in lines[0]
+    assert lines[2].endswith("| 300.0 | 800.0 | 3.00x |")
+    assert lines[3].endswith("| 100.0 | 2500.0 | 1.00x |")
+
+
+def test_prompts_are_distinct_and_short(bench: ModuleType) -> None:
+    texts = bench.prompts(256, 8)
+    assert len(set(texts)) == 256
+    assert {len(t.split()) for t in texts} == {8}
+
+
+def test_the_tiny_model_has_the_real_vocabulary(
+    bench: ModuleType, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import json
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    model = Path(bench.model_dir(bench.parse_args([])))
+    assert model.parent == tmp_path / "vllm-kunlun"
+    assert json.loads((model / "config.json").read_text())["vocab_size"] == 151_936
