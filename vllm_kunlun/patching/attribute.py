@@ -3,7 +3,8 @@ change the plugin makes to vLLM (sampling, engine guards).
 
 A patch replaces one module attribute, keeps the original, checks first that the
 upstream object looks like the one it was written for (and says what differs when it
-does not), and can be reverted.
+does not), and can be reverted. A patch that adds an attribute an older release lacks
+(``may_be_absent``) sees ``None`` as the original and deletes the attribute on revert.
 """
 
 from __future__ import annotations
@@ -28,14 +29,16 @@ class AttributePatch:
     attr: str
     make: Callable[[Any], Any]
     check: Callable[[ModuleType, Any], str | None]
+    may_be_absent: bool = False
     _original: Any = field(default=_MISSING, repr=False)
+    _active: bool = field(default=False, repr=False)
 
     @property
     def target(self) -> str:
         return f"{self.module}.{self.attr}"
 
     def applied(self) -> bool:
-        return self._original is not _MISSING
+        return self._active
 
     def mismatch(self) -> str | None:
         """Why the installed vLLM does not look like what this patch expects, or None."""
@@ -45,7 +48,9 @@ class AttributePatch:
             return f"{self.module} does not import ({type(exc).__name__}: {exc})"
         original = getattr(module, self.attr, _MISSING)
         if original is _MISSING:
-            return f"{self.target} does not exist"
+            if not self.may_be_absent:
+                return f"{self.target} does not exist"
+            original = None
         return self.check(module, original)
 
     def apply(self) -> bool:
@@ -60,16 +65,24 @@ class AttributePatch:
                 "use a vllm-kunlun release written for this vLLM."
             )
         module = sys.modules[self.module]
-        original = getattr(module, self.attr)
-        setattr(module, self.attr, self.make(original))
+        original = getattr(module, self.attr, _MISSING)
+        setattr(
+            module, self.attr, self.make(None if original is _MISSING else original)
+        )
         self._original = original
+        self._active = True
         return True
 
     def revert(self) -> None:
         if not self.applied():
             return
-        setattr(sys.modules[self.module], self.attr, self._original)
+        module = sys.modules[self.module]
+        if self._original is _MISSING:
+            delattr(module, self.attr)
+        else:
+            setattr(module, self.attr, self._original)
         self._original = _MISSING
+        self._active = False
 
 
 class PatchMismatch(RuntimeError):

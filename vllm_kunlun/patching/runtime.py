@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from vllm_kunlun import envs
 from vllm_kunlun.logger import init_logger
-from vllm_kunlun.patching import schema
+from vllm_kunlun.patching import schema, wrap_triton
+from vllm_kunlun.quantization import patches as int8_patches
 from vllm_kunlun.sample import patches as sample_patches
 
 logger = init_logger(__name__)
@@ -26,8 +27,24 @@ def apply_runtime_fixes() -> None:
             "will fail in vllm/distributed/parallel_state.py unless the patch set is "
             "applied (vllm-kunlun patch apply)"
         )
+    if wrap_triton.apply():
+        logger.info(
+            "vllm-kunlun: runtime patch %s applied (torch %s lacks %s, which every "
+            "quantized checkpoint imports)",
+            wrap_triton.NAME,
+            __import__("torch").__version__,
+            wrap_triton.TARGET,
+        )
     # Device-side sampling; deferred while vLLM is still resolving current_platform.
     sample_patches.apply_all()
+    if sample_patches.platform_resolved():
+        int8_patches.apply_if_loaded()
+
+
+def runtime_fix_states() -> dict[str, str]:
+    """The torch-level runtime fixes (in place of file patches) and their state, one
+    line each: for ``vllm-kunlun patch status`` and the doctor."""
+    return {schema.NAME: schema.state(), wrap_triton.NAME: wrap_triton.state()}
 
 
 GENERAL_PLUGIN = "kunlun_runtime_fixes"
