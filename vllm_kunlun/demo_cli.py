@@ -67,6 +67,10 @@ def _print_report(report: Any) -> None:
         print(f"sampler         : {info.get('topk_topp_forward')}")
         if info.get("sampling_kernels"):
             print(f"sampling kernels: {info['sampling_kernels']}")
+        if info.get("linear_kernels"):
+            print(f"linear kernels  : {', '.join(info['linear_kernels'])}")
+        if info.get("int8_kernels"):
+            print(f"int8 kernels    : {info['int8_kernels']}")
     print()
     for g in report.generations:
         print(f"> {g.prompt}")

@@ -1,4 +1,5 @@
-"""What actually served the requests: platform, attention backend, sampler.
+"""What actually served the requests: platform, attention backend, sampler, the
+kernels of quantized linear layers.
 
 Why: the demo, the benchmark and the tests must report what ran, not what should have
 run: a silent fallback (a different attention backend, vLLM's own sampler instead of
@@ -43,6 +44,17 @@ class ServingInfo:
                 backends.add(f"{backend.get_name()} ({_qualname(backend)})")
             if getattr(layer, "impl", None) is not None:
                 impls.add(_qualname(type(layer.impl)))
+        linear_kernels = set()
+        for module in getattr(getattr(runner, "model", None), "modules", list)():
+            scheme = getattr(module, "scheme", None)  # compressed-tensors' layers
+            if getattr(scheme, "kernel", None) is not None:
+                linear_kernels.add(_qualname(type(scheme.kernel)))
+        int8 = None
+        if any("vllm_kunlun" in str(k) for k in linear_kernels) and runner is not None:
+            from vllm_kunlun.ops.int8_mm import select_kernels as select_int8
+
+            chosen_int8 = select_int8(runner.device)
+            int8 = f"{chosen_int8.name} ({chosen_int8.reason})"
         kernels = None
         select = getattr(topk_topp, "kernels", None)  # the plugin's sampler
         if callable(select) and runner is not None:
@@ -58,4 +70,6 @@ class ServingInfo:
             "topk_topp_sampler": _qualname(type(topk_topp)) if topk_topp else None,
             "topk_topp_forward": _qualname(getattr(topk_topp, "forward", None)),
             "sampling_kernels": kernels,
+            "linear_kernels": sorted(k for k in linear_kernels if k),
+            "int8_kernels": int8,
         }

@@ -194,6 +194,8 @@ def test_serving_path_is_the_plugins(run1: dict) -> None:
     assert info["attention_impls"] == [
         "vllm_kunlun.attention.backend.PortableAttentionImpl"
     ]
+    # An unquantized model: no quantized linear kernel, the int8 path untouched.
+    assert info["linear_kernels"] == [] and info["int8_kernels"] is None
 
 
 def test_no_exponential_during_the_whole_run(run1: dict, run2: dict) -> None:
