@@ -47,8 +47,9 @@ class ServingInfo:
         linear_kernels = set()
         for module in getattr(getattr(runner, "model", None), "modules", list)():
             scheme = getattr(module, "scheme", None)  # compressed-tensors' layers
-            if getattr(scheme, "kernel", None) is not None:
-                linear_kernels.add(_qualname(type(scheme.kernel)))
+            kernel = getattr(scheme, "kernel", None)
+            if kernel is not None:
+                linear_kernels.add(_qualname(type(kernel)))
         int8 = None
         if any("vllm_kunlun" in str(k) for k in linear_kernels) and runner is not None:
             from vllm_kunlun.ops.int8_mm import select_kernels as select_int8
