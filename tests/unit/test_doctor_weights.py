@@ -1,6 +1,6 @@
 """Weight memory from config.json (doctor/weights.py) and the budget check using it.
 
-The 27B numbers are the log's model family (Qwen3.5-27B: hidden 5120, intermediate
+The 27B numbers are the log's model family (``QWEN3_5_27B``: hidden 5120, intermediate
 17408, 64 layers of which 48 Gated DeltaNet, 24 query heads and 4 KV heads of 256, GDN
 16 key / 48 value heads of 128, vocab 248,320, untied), worked out by hand below.
 """
@@ -14,32 +14,11 @@ from safetensors.torch import load_file
 
 from vllm_kunlun.doctor.budget import check_kv_budget
 from vllm_kunlun.doctor.finding import Context
-from vllm_kunlun.doctor.weights import estimate_weights, linear_layers
+from vllm_kunlun.doctor.weights import QWEN3_5_27B, estimate_weights, linear_layers
 from vllm_kunlun.tiny_quant import w8a8_dynamic_config, write_tiny_w8a8
 
 GIB = 1 << 30
-TEXT_27B = {
-    "model_type": "qwen3_5_text",
-    "hidden_size": 5120,
-    "intermediate_size": 17408,
-    "num_hidden_layers": 64,
-    "num_attention_heads": 24,
-    "num_key_value_heads": 4,
-    "head_dim": 256,
-    "linear_num_key_heads": 16,
-    "linear_num_value_heads": 48,
-    "linear_key_head_dim": 128,
-    "linear_value_head_dim": 128,
-    "linear_conv_kernel_dim": 4,
-    "vocab_size": 248320,
-    "dtype": "bfloat16",
-}
-CONFIG_27B = {
-    "architectures": ["Qwen3_5ForConditionalGeneration"],
-    "model_type": "qwen3_5",
-    "tie_word_embeddings": False,
-    "text_config": TEXT_27B,
-}
+CONFIG_27B = QWEN3_5_27B
 W8A8_27B = {**CONFIG_27B, "quantization_config": w8a8_dynamic_config(["lm_head"])}
 
 # linear parameters per layer:
@@ -87,8 +66,9 @@ def test_ignored_layers_stay_16_bit() -> None:
 
 
 def test_unknown_family_or_missing_dimension_is_no_estimate() -> None:
-    assert estimate_weights({**TEXT_27B, "model_type": "deepseek_v3"}) is None
-    no_inter = {k: v for k, v in TEXT_27B.items() if k != "intermediate_size"}
+    text = CONFIG_27B["text_config"]
+    assert estimate_weights({**text, "model_type": "deepseek_v3"}) is None
+    no_inter = {k: v for k, v in text.items() if k != "intermediate_size"}
     assert estimate_weights(no_inter) is None
 
 

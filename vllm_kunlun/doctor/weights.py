@@ -21,6 +21,37 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+# The log's model family, Qwen3.5-27B (the checkpoint served was its W8A8-INT8-Dynamic
+# quantization). Sources: issue 9 of this project (64 layers, 48 Gated DeltaNet; GDN 16
+# key / 48 value heads of 128, conv kernel 4; 4 KV heads of 256); the public model
+# cards of Qwen3.5-27B derivatives and of Qwen3.6-27B, which shares the qwen3_5
+# architecture (hidden 5120, intermediate 17,408, 24 query heads, vocabulary 248,320,
+# layer pattern 3 x GDN + 1 x full attention); projection shapes from transformers
+# 5.2.0's modeling_qwen3_5.py. The full checkpoint also has a vision tower and an MTP
+# layer, which are not counted here.
+QWEN3_5_27B: dict[str, Any] = {
+    "architectures": ["Qwen3_5ForConditionalGeneration"],
+    "model_type": "qwen3_5",
+    "tie_word_embeddings": False,
+    "text_config": {
+        "model_type": "qwen3_5_text",
+        "hidden_size": 5120,
+        "intermediate_size": 17408,
+        "num_hidden_layers": 64,
+        "layer_types": (["linear_attention"] * 3 + ["full_attention"]) * 16,
+        "num_attention_heads": 24,
+        "num_key_value_heads": 4,
+        "head_dim": 256,
+        "linear_num_key_heads": 16,
+        "linear_num_value_heads": 48,
+        "linear_key_head_dim": 128,
+        "linear_value_head_dim": 128,
+        "linear_conv_kernel_dim": 4,
+        "vocab_size": 248320,
+        "dtype": "bfloat16",
+    },
+}
+
 DTYPE_BYTES = {"float32": 4, "float": 4, "bfloat16": 2, "float16": 2, "half": 2}
 _DENSE_TYPES = ("qwen3", "qwen2", "llama", "mistral")
 _HYBRID_TYPES = ("qwen3_5", "qwen3_5_text")
