@@ -42,8 +42,8 @@ from vllm_kunlun.ops import vendor
 
 logger = init_logger(__name__)
 
-VENDOR = "vendor"
-PORTABLE = "portable"
+VENDOR = vendor.VENDOR
+PORTABLE = vendor.PORTABLE
 # (module, function) pairs the vendor path calls; ops/contract.py declares them.
 KUNLUN_OPS = ("quant2d", "matmul")
 XSPEEDGATE_OPS = (
@@ -197,32 +197,18 @@ def select_kernels(device: torch.device | str) -> Int8Kernels:
     device = torch.device(device)
     if device in _selected:
         return _selected[device]
-    mode = envs.VLLM_KUNLUN_INT8_MM
-    if mode == PORTABLE:
-        kernels = Int8Kernels(PORTABLE, "VLLM_KUNLUN_INT8_MM=portable")
-    else:
-        ops, why = load_vendor()
-        if mode == VENDOR:
-            if ops is None:
-                raise RuntimeError(
-                    f"VLLM_KUNLUN_INT8_MM=vendor, but {why}. Install the vendor op "
-                    "libraries of the validated combination (kunlun_ops 0.1.58, "
-                    "xspeedgate_ops), or set VLLM_KUNLUN_INT8_MM=auto to use the "
-                    "portable torch kernels."
-                )
-            kernels = Int8Kernels(VENDOR, f"VLLM_KUNLUN_INT8_MM=vendor; {why}", ops)
-        elif device.type == "cpu":
-            kernels = Int8Kernels(PORTABLE, "the tensors are on the CPU")
-        elif ops is None:
-            kernels = Int8Kernels(PORTABLE, why)
-            logger.warning(
-                "vllm-kunlun: W8A8 int8 layers on %s use the portable torch kernels, "
-                "not the vendor kernels: %s",
-                device,
-                why,
-            )
-        else:
-            kernels = Int8Kernels(VENDOR, why, ops)
+    choice = vendor.choose_path(
+        "VLLM_KUNLUN_INT8_MM",
+        envs.VLLM_KUNLUN_INT8_MM,
+        device,
+        load_vendor,
+        cpu_reason="the tensors are on the CPU",
+        demanded_fix="Install the vendor op libraries of the validated combination "
+        "(kunlun_ops 0.1.58, xspeedgate_ops)",
+        fallback_warning="vllm-kunlun: W8A8 int8 layers on %s use the portable torch "
+        "kernels, not the vendor kernels: %s",
+    )
+    kernels = Int8Kernels(choice.name, choice.reason, choice.vendor)
     logger.info(
         "vllm-kunlun: int8 linear kernels on %s: %s (%s)",
         device,
@@ -262,15 +248,7 @@ def _impl(
     )
 
 
-def _fake(
-    x: torch.Tensor,
-    weight: torch.Tensor,
-    weight_scale: torch.Tensor,
-    input_scale: torch.Tensor | None,
-    input_zero_point: torch.Tensor | None,
-    azp_adj: torch.Tensor | None,
-    bias: torch.Tensor | None,
-) -> torch.Tensor:
+def _fake(x: torch.Tensor, weight: torch.Tensor, *scales_and_bias: Any) -> torch.Tensor:
     return x.new_empty((*x.shape[:-1], weight.shape[0]))
 
 
