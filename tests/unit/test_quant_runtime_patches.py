@@ -17,7 +17,7 @@ from vllm_kunlun.cli import main
 from vllm_kunlun.doctor.finding import Context
 from vllm_kunlun.doctor.patchset import check_patchset
 from vllm_kunlun.patching import wrap_triton
-from vllm_kunlun.patching.runtime import runtime_fix_states
+from vllm_kunlun.patching.torch_fixes import runtime_fix_states
 from vllm_kunlun.quantization import patches as int8_patches
 
 QUTLASS = "vllm.model_executor.layers.quantization.qutlass_utils"

@@ -26,7 +26,7 @@ def _engine_summary() -> tuple[int, int, dict[str, str]]:
 
 
 def _runtime_fixes() -> dict[str, str]:
-    from vllm_kunlun.patching.runtime import runtime_fix_states
+    from vllm_kunlun.patching.torch_fixes import runtime_fix_states
 
     return runtime_fix_states()
 

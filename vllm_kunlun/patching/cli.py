@@ -63,10 +63,12 @@ def run(args: argparse.Namespace) -> int:
         if args.patch_action == "status":
             report = engine.status(**kwargs, lock_timeout=args.lock_timeout)
             fixes = _runtime_fixes()
+            # the runtime fixes go above the summary line, which stays last
+            body, _, summary = _render_status(report).rpartition("\n")
             _emit(
                 args,
                 {**report.to_json(), "runtime_fixes": fixes},
-                _render_status(report) + _render_runtime_fixes(fixes),
+                body + _render_runtime_fixes(fixes) + "\n" + summary,
             )
             if report.pair_problem is not None:
                 return EXIT_REFUSED
@@ -106,7 +108,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _runtime_fixes() -> dict[str, str]:
-    from vllm_kunlun.patching.runtime import runtime_fix_states
+    from vllm_kunlun.patching.torch_fixes import runtime_fix_states
 
     return runtime_fix_states()
 

@@ -41,12 +41,6 @@ def apply_runtime_fixes() -> None:
         int8_patches.apply_if_loaded()
 
 
-def runtime_fix_states() -> dict[str, str]:
-    """The torch-level runtime fixes (in place of file patches) and their state, one
-    line each: for ``vllm-kunlun patch status`` and the doctor."""
-    return {schema.NAME: schema.state(), wrap_triton.NAME: wrap_triton.state()}
-
-
 GENERAL_PLUGIN = "kunlun_runtime_fixes"
 
 
