@@ -42,14 +42,27 @@ def add_parser(sub: Any) -> None:
         help="write the deterministic tiny Qwen3 checkpoint and tokenizer",
     )
     t.add_argument("directory", help="where to write it (created if needed)")
+    t.add_argument(
+        "--quant",
+        choices=("w8a8",),
+        help="w8a8: a compressed-tensors W8A8-INT8 checkpoint (int8 weights, dynamic "
+        "per-token int8 activations; lm_head stays float)",
+    )
     t.set_defaults(func=run_tiny_model_command)
 
 
 def run_tiny_model_command(args: argparse.Namespace) -> int:
     from vllm_kunlun.tiny_model import checksum, write_tiny_model
 
-    out = write_tiny_model(args.directory)
-    print(f"tiny Qwen3 written to {out} (sha256 {checksum(out)[:16]})")
+    if getattr(args, "quant", None) == "w8a8":
+        from vllm_kunlun.tiny_quant import write_tiny_w8a8
+
+        out = write_tiny_w8a8(args.directory)
+        kind = "tiny Qwen3 W8A8-INT8 (compressed-tensors, dynamic)"
+    else:
+        out = write_tiny_model(args.directory)
+        kind = "tiny Qwen3"
+    print(f"{kind} written to {out} (sha256 {checksum(out)[:16]})")
     return 0
 
 
@@ -73,6 +86,10 @@ def _print_report(report: Any) -> None:
                 served += f", {st['native_calls']} native: "
                 served += "; ".join(st["native_reasons"])
             print(f"kernels         : {op} x{st['modules']} modules: {served}")
+        if info.get("linear_kernels"):
+            print(f"linear kernels  : {', '.join(info['linear_kernels'])}")
+        if info.get("int8_kernels"):
+            print(f"int8 kernels    : {info['int8_kernels']}")
     print()
     for g in report.generations:
         print(f"> {g.prompt}")

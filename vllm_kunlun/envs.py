@@ -160,6 +160,15 @@ _VARS: dict[str, EnvVar] = {
             "auto, vendor, portable",
         ),
         EnvVar(
+            "VLLM_KUNLUN_INT8_MM",
+            _choice("auto", "vendor", "portable"),
+            "auto",
+            "W8A8 int8 linear kernels: auto (vendor when importable and on a device, "
+            "else portable torch), vendor (fail if the vendor ops are missing), "
+            "portable.",
+            "auto, vendor, portable",
+        ),
+        EnvVar(
             "VLLM_KUNLUN_TP_SAMPLE_BROADCAST",
             _parse_optional_bool,
             None,
@@ -256,5 +265,6 @@ if TYPE_CHECKING:  # names for type checkers; values come from __getattr__
     VLLM_KUNLUN_BUILD_EXT: bool
     VLLM_KUNLUN_SCHEMA_FIX: bool
     VLLM_KUNLUN_SAMPLER: str
+    VLLM_KUNLUN_INT8_MM: str
     VLLM_KUNLUN_TP_SAMPLE_BROADCAST: bool | None
     VLLM_KUNLUN_PATCH_DIR: str | None

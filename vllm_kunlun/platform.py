@@ -117,6 +117,15 @@ class KunlunPlatformBase(Platform):
         the vendor library has them), and why."""
         return True, "KunlunPlatform"
 
+    @classmethod
+    def verify_quantization(cls, quant: str) -> None:
+        """A quantized model is being configured: register our int8 kernel before
+        vLLM builds its W8A8 layers (vllm_kunlun/quantization/patches.py)."""
+        super().verify_quantization(quant)
+        from vllm_kunlun.quantization import patches
+
+        patches.apply()
+
     # ---- attention ------------------------------------------------------------------
     @classmethod
     def get_attn_backend_cls(

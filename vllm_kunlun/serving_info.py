@@ -1,4 +1,5 @@
-"""What actually served the requests: platform, attention backend, sampler.
+"""What actually served the requests: platform, attention backend, sampler, the
+kernels of quantized linear layers.
 
 Why: the demo, the benchmark and the tests must report what ran, not what should have
 run: a silent fallback (a different attention backend, vLLM's own sampler instead of
@@ -43,6 +44,18 @@ class ServingInfo:
                 backends.add(f"{backend.get_name()} ({_qualname(backend)})")
             if getattr(layer, "impl", None) is not None:
                 impls.add(_qualname(type(layer.impl)))
+        linear_kernels = set()
+        for module in getattr(getattr(runner, "model", None), "modules", list)():
+            scheme = getattr(module, "scheme", None)  # compressed-tensors' layers
+            kernel = getattr(scheme, "kernel", None)
+            if kernel is not None:
+                linear_kernels.add(_qualname(type(kernel)))
+        int8 = None
+        if any("vllm_kunlun" in str(k) for k in linear_kernels) and runner is not None:
+            from vllm_kunlun.ops.int8_mm import select_kernels as select_int8
+
+            chosen_int8 = select_int8(runner.device)
+            int8 = f"{chosen_int8.name} ({chosen_int8.reason})"
         from vllm_kunlun.ops import custom_ops
         from vllm_kunlun.ops import kernels as vendor_routes
 
@@ -66,6 +79,8 @@ class ServingInfo:
             "custom_ops": custom_ops.describe_model(model) if model is not None else {},
             "vendor_kernels": vendor_routes.status(),
             **_graphs(self.vllm_config.compilation_config),  # type: ignore[attr-defined]
+            "linear_kernels": sorted(k for k in linear_kernels if k),
+            "int8_kernels": int8,
         }
 
 

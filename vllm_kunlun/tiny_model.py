@@ -201,6 +201,9 @@ def _write_atomic(path: Path, data: bytes) -> None:
     os.replace(tmp, path)
 
 
+write_atomic = _write_atomic  # also used by tiny_quant
+
+
 def write_tiny_model(
     directory: str | os.PathLike[str], spec: TinyQwen3Spec | None = None
 ) -> Path:

@@ -13,15 +13,17 @@ Spec: {"backend": "vllm" | "hf", "model": DIR, "llm": {LLM kwargs},
                      base and record every rank's sampled tokens, see RankProbe),
        "jobs": [{"name": str, "requests": [{"prompt": str, "max_tokens": int,
                  "sampling": {SamplingParams kwargs}}]}],
-       "hf_jobs": [jobs for a transformers greedy reference after the engine jobs]}
+       "hf_jobs": [jobs for a transformers greedy reference after the engine jobs],
+       "post": "module:function" run after the engine jobs with (spec, result)}
 Result: {"jobs": {name: [{"prompt_token_ids", "token_ids", "text",
-         "num_cached_tokens"}]}, "hf": {name: [...]}, "exponential_calls": [stack],
-         "serving": [...], "ranks": [RankProbe records, one per rank],
-         "error": str | None}
+         "num_cached_tokens", "logprobs"}]}, "hf": {name: [...]}, "post": ...,
+         "exponential_calls": [stack], "serving": [...],
+         "ranks": [RankProbe records, one per rank], "error": str | None}
 """
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import sys
@@ -127,6 +129,7 @@ def run_vllm(spec: dict[str, Any]) -> dict[str, Any]:
                     "token_ids": list(o.outputs[0].token_ids),
                     "text": o.outputs[0].text,
                     "num_cached_tokens": int(o.num_cached_tokens or 0),
+                    "logprobs": chosen_logprobs(o.outputs[0]),
                 }
                 for o in outputs
             ]
@@ -134,6 +137,11 @@ def run_vllm(spec: dict[str, Any]) -> dict[str, Any]:
         result["serving"] = llm.collective_rpc(SERVING_INFO_METHOD)
         if probe is not None:
             result["ranks"] = llm.collective_rpc("rank_probe_result")
+        if spec.get("post"):
+            # "module:function" next to this file, called as function(spec, result)
+            # after the engine jobs (e.g. a reference model in the same interpreter).
+            mod, fn = spec["post"].split(":")
+            result["post"] = getattr(importlib.import_module(mod), fn)(spec, result)
         if spec.get("hf_jobs"):
             # transformers is already imported by vLLM: the reference costs only its
             # forward passes here.
@@ -141,6 +149,16 @@ def run_vllm(spec: dict[str, Any]) -> dict[str, Any]:
     except Exception as exc:
         result["error"] = f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}"
     return result
+
+
+def chosen_logprobs(completion: Any) -> list[float] | None:
+    """The logprob of each generated token (requests with ``logprobs`` set)."""
+    if not completion.logprobs:
+        return None
+    return [
+        float(step[tok].logprob)
+        for tok, step in zip(completion.token_ids, completion.logprobs, strict=True)
+    ]
 
 
 def run_hf(spec: dict[str, Any]) -> dict[str, Any]:

@@ -225,6 +225,8 @@ def test_serving_path_is_the_plugins(run1: dict) -> None:
     # vendor path is taken: vLLM's CustomOps stay its own, no kernel route exists.
     assert info["custom_ops"] == {} and info["vendor_kernels"] == {}
     assert info["sampling_kernels"].startswith("portable ")
+    # An unquantized model: no quantized linear kernel, the int8 path untouched.
+    assert info["linear_kernels"] == [] and info["int8_kernels"] is None
 
 
 def test_no_exponential_during_the_whole_run(run1: dict, run2: dict) -> None:

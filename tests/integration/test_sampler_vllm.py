@@ -27,7 +27,6 @@ from tests.unit.sampler_reference import (
     probs64,
     reference,
 )
-from vllm_kunlun.patching import attribute
 from vllm_kunlun.sample import patches
 from vllm_kunlun.sample.topk_topp import KunlunTopKTopPSampler
 
@@ -145,7 +144,7 @@ def test_patches_wait_for_the_platform(monkeypatch: pytest.MonkeyPatch) -> None:
     import vllm.platforms
 
     for patch in patches.PATCHES:
-        monkeypatch.setattr(patch, "_original", attribute._MISSING)  # look unapplied
+        monkeypatch.setattr(patch, "_active", False)  # look unapplied
     monkeypatch.setattr(vllm.platforms, "_current_platform", None)
     assert patches.apply_all() == []
     assert not patches.applied()

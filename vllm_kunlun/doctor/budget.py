@@ -352,18 +352,24 @@ def check_kv_budget(ctx: Context) -> Finding:
         return Finding(
             "kv_budget", "skip", "needs a local model directory with config.json"
         )
-    shape = ModelShape.from_config(read_config(verdict.path)).with_mamba_cache_dtype(
-        ctx.mamba_cache_dtype
-    )
+    config = read_config(verdict.path)
+    shape = ModelShape.from_config(config).with_mamba_cache_dtype(ctx.mamba_cache_dtype)
     device, device_source = device_memory_bytes(ctx.device_memory_bytes)
     tp = ctx.tensor_parallel_size
+    weights, weights_source = weights_bytes_per_card(verdict.path, tp), "weight files"
+    if weights is None:  # no files yet: from config.json, int8 for a W8A8 config
+        from vllm_kunlun.doctor.weights import estimate_weights
+
+        from_config = estimate_weights(config)
+        if from_config is not None:
+            weights, weights_source = from_config.per_card(tp), from_config.source
     budget = estimate(
         shape,
         device_bytes=device,
         utilization=ctx.gpu_memory_utilization,
         tp=tp,
         max_num_seqs=ctx.max_num_seqs,
-        weights_bytes=weights_bytes_per_card(verdict.path, tp),
+        weights_bytes=weights,
         reserve_gib=DEFAULT_RESERVE_GIB if ctx.reserve_gib is None else ctx.reserve_gib,
     )
     details: dict[str, Any] = {
@@ -373,7 +379,10 @@ def check_kv_budget(ctx: Context) -> Finding:
         "attention_layers": shape.attention_layers,
         "dtype": shape.dtype,
         "state_dtype": shape.state_dtype or shape.dtype,
+        "weights_source": weights_source,
     }
     finding = to_finding(budget, details)
     finding.details["arithmetic"][0] += f" [{device_source}]"
+    if weights is not None:
+        finding.details["arithmetic"][2] += f" [{weights_source}]"
     return finding

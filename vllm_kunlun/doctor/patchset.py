@@ -3,7 +3,9 @@
 The log's verification after the rollback was "patch_torch251: 11 applied | 0 failed";
 here the patch engine (vllm_kunlun.patching.engine) reports each patch of the set as
 applied, not applied, or drifted (the file matches neither the pre-patch nor the patched
-sha256 of the manifest: edited by hand or by another tool).
+sha256 of the manifest: edited by hand or by another tool). The torch-level runtime
+fixes that stand in for file patches (``schema_pep585``, ``torch_wrap_triton``) are
+listed beside it: needed or not on this torch, and whether they can apply.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from typing import Any
 from vllm_kunlun.doctor.finding import Context, Finding
 
 Summary = Callable[[], tuple[int, int, dict[str, str]]]
+RuntimeFixes = Callable[[], dict[str, str]]
 
 
 def _engine_summary() -> tuple[int, int, dict[str, str]]:
@@ -22,7 +25,41 @@ def _engine_summary() -> tuple[int, int, dict[str, str]]:
     return engine.status_summary()
 
 
-def check_patchset(ctx: Context, summary: Summary = _engine_summary) -> Finding:
+def _runtime_fixes() -> dict[str, str]:
+    from vllm_kunlun.patching.torch_fixes import runtime_fix_states
+
+    return runtime_fix_states()
+
+
+def _with_runtime_fixes(finding: Finding, fixes: dict[str, str]) -> Finding:
+    """Name the runtime fixes in the cause; a fix that cannot apply is a warning."""
+    finding.details["runtime_fixes"] = fixes
+    broken = {n: s for n, s in fixes.items() if s.startswith(("CANNOT", "OFF"))}
+    needed = [n for n, s in fixes.items() if s.startswith(("needed", "applied"))]
+    if needed:
+        finding.cause += (
+            f"; runtime fixes the platform applies at start: {', '.join(needed)}"
+        )
+    if broken:
+        finding.cause += "; " + "; ".join(f"{n}: {s}" for n, s in broken.items())
+        if finding.status in ("ok", "skip"):
+            finding.status = "warn"
+            finding.fix = (
+                "install the validated torch 2.5.1 / vllm 0.15.1, and leave "
+                "VLLM_KUNLUN_SCHEMA_FIX at its default (1)"
+            )
+    return finding
+
+
+def check_patchset(
+    ctx: Context,
+    summary: Summary = _engine_summary,
+    runtime_fixes: RuntimeFixes = _runtime_fixes,
+) -> Finding:
+    return _with_runtime_fixes(_check_files(summary), runtime_fixes())
+
+
+def _check_files(summary: Summary) -> Finding:
     from vllm_kunlun.patching.errors import PairMismatch, PatchError
 
     try:

@@ -5,7 +5,8 @@ The deployment log's "11 missing ops, 3 keyword mismatches" (kunlun_ops 0.1.58 u
 newer plugin source) only showed up as crashes deep in model execution. Here each declared
 function is looked up and each keyword we pass is matched against what the function
 accepts. Vendor functions come in three kinds, read in this order:
-torch custom ops (``torch.ops.ns.op``: argument names from the schema), Python functions
+torch custom ops (``torch.ops.ns.op``, also found there when the module itself has no such
+attribute: argument names from the schema), Python functions
 (``inspect.signature``), pybind11 builtins (no ``inspect`` signature: the signature line
 pybind11 writes at the top of ``__doc__``). A function none of these describe is listed
 as unverifiable, never guessed.
@@ -116,10 +117,20 @@ def accepted_keywords(fn: Any) -> Accepts | None:
 
 
 def _resolve(module: ModuleType, dotted: str) -> Any:
-    obj: Any = module
-    for part in dotted.split("."):
-        obj = getattr(obj, part)
-    return obj
+    """``module.dotted``, else the torch custom op ``torch.ops.<module>.<dotted>`` that
+    the module registered on import (xspeedgate_ops' kernels live only there)."""
+    try:
+        obj: Any = module
+        for part in dotted.split("."):
+            obj = getattr(obj, part)
+        return obj
+    except AttributeError:
+        import torch
+
+        try:
+            return getattr(getattr(torch.ops, module.__name__), dotted)
+        except (AttributeError, RuntimeError):
+            raise AttributeError(dotted) from None
 
 
 @dataclass

@@ -67,6 +67,29 @@ VENDOR_CONTRACT: dict[str, dict[str, tuple[str, ...]]] = {
         "mrotary_embedding_neox": (),
         # vllm_kunlun/ops/activation.py
         "silu_and_mul": ("axis", "turn", "out"),
+        # vllm_kunlun/ops/int8_mm.py: W8A8 int8 linear (symmetric activations).
+        "quant2d": ("x", "y", "max", "force_sdnn"),
+        "matmul": (
+            "x",
+            "w",
+            "out",
+            "x_trans",
+            "w_trans",
+            "alpha",
+            "beta",
+            "bias",
+            "x_max",
+            "w_max",
+            "x_pc_max",
+            "w_pc_max",
+        ),
     },
-    "xspeedgate_ops": {},
+    # torch custom ops (torch.ops.xspeedgate_ops.*, registered on import), called
+    # positionally with vLLM's _C signatures: only their presence is checked.
+    "xspeedgate_ops": {
+        # vllm_kunlun/ops/int8_mm.py: static quantization, asymmetric activations.
+        "dynamic_scaled_int8_quant": (),
+        "static_scaled_int8_quant": (),
+        "cutlass_scaled_mm_azp": (),
+    },
 }

@@ -28,8 +28,8 @@ logger = init_logger(__name__)
 
 VENDOR_MODULE = "kunlun_ops"
 VENDOR_FUNCTION = "top_k_top_p_sampling_from_probs"
-VENDOR = "vendor"
-PORTABLE = "portable"
+VENDOR = vendor.VENDOR
+PORTABLE = vendor.PORTABLE
 
 
 @dataclass(frozen=True)
@@ -104,31 +104,18 @@ def _vendor_function() -> tuple[Callable[..., torch.Tensor] | None, str]:
 
 def select_kernels(device: torch.device) -> SamplingKernels:
     """The kernels for tensors on ``device``, per ``VLLM_KUNLUN_SAMPLER``; logs once."""
-    mode = envs.VLLM_KUNLUN_SAMPLER
-    if mode == PORTABLE:
-        kernels = SamplingKernels(PORTABLE, "VLLM_KUNLUN_SAMPLER=portable")
-    else:
-        fn, why = _vendor_function()
-        if mode == VENDOR:
-            if fn is None:
-                raise RuntimeError(
-                    f"VLLM_KUNLUN_SAMPLER=vendor, but {why}. Install the vendor op "
-                    "library of the validated combination (kunlun_ops 0.1.58), or set "
-                    "VLLM_KUNLUN_SAMPLER=auto to use the portable torch sampler."
-                )
-            kernels = SamplingKernels(VENDOR, f"VLLM_KUNLUN_SAMPLER=vendor; {why}", fn)
-        elif device.type == "cpu" and not envs.VLLM_KUNLUN_EMULATION_VENDOR:
-            kernels = SamplingKernels(PORTABLE, "the logits are on the CPU")
-        elif fn is None:
-            kernels = SamplingKernels(PORTABLE, why)
-            logger.warning_once(
-                "vllm-kunlun: sampling on %s uses the portable torch kernels, not the "
-                "vendor kernel: %s",
-                device.type,
-                why,
-            )
-        else:
-            kernels = SamplingKernels(VENDOR, why, fn)
+    choice = vendor.choose_path(
+        "VLLM_KUNLUN_SAMPLER",
+        envs.VLLM_KUNLUN_SAMPLER,
+        device,
+        _vendor_function,
+        cpu_reason="the logits are on the CPU",
+        demanded_fix="Install the vendor op library of the validated combination "
+        "(kunlun_ops 0.1.58)",
+        fallback_warning="vllm-kunlun: sampling on %s uses the portable torch kernels, "
+        "not the vendor kernel: %s",
+    )
+    kernels = SamplingKernels(choice.name, choice.reason, choice.vendor)
     logger.info_once(
         "vllm-kunlun: sampling kernels: %s (%s)", kernels.name, kernels.reason
     )

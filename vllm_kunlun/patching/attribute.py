@@ -4,7 +4,9 @@ change the plugin makes to vLLM (sampling, engine guards).
 A patch replaces one module attribute, keeps the original, checks first that the
 upstream object looks like the one it was written for (and says what differs when it
 does not), and can be reverted. ``attr`` may be dotted (``"Class.method"``): the last
-name is replaced on the object the others lead to.
+name is replaced on the object the others lead to. A patch that adds an attribute an
+older release lacks (``may_be_absent``) sees ``None`` as the original and deletes the
+attribute on revert.
 """
 
 from __future__ import annotations
@@ -29,14 +31,16 @@ class AttributePatch:
     attr: str
     make: Callable[[Any], Any]
     check: Callable[[ModuleType, Any], str | None]
+    may_be_absent: bool = False
     _original: Any = field(default=_MISSING, repr=False)
+    _active: bool = field(default=False, repr=False)
 
     @property
     def target(self) -> str:
         return f"{self.module}.{self.attr}"
 
     def applied(self) -> bool:
-        return self._original is not _MISSING
+        return self._active
 
     def mismatch(self) -> str | None:
         """Why the installed vLLM does not look like what this patch expects, or None."""
@@ -46,7 +50,9 @@ class AttributePatch:
             return f"{self.module} does not import ({type(exc).__name__}: {exc})"
         original = _lookup(module, self.attr)
         if original is _MISSING:
-            return f"{self.target} does not exist"
+            if not self.may_be_absent:
+                return f"{self.target} does not exist"
+            original = None
         return self.check(module, original)
 
     def _owner(self) -> tuple[Any, str]:
@@ -69,20 +75,25 @@ class AttributePatch:
                 "use a vllm-kunlun release written for this vLLM."
             )
         owner, name = self._owner()
-        current = getattr(owner, name)
+        current = getattr(owner, name, _MISSING)
         # The owner's own entry when it has one: revert puts back exactly that object
         # (a staticmethod / classmethod wrapper, not what attribute access returns).
         original = vars(owner).get(name, current)
-        setattr(owner, name, self.make(current))
+        setattr(owner, name, self.make(None if current is _MISSING else current))
         self._original = original
+        self._active = True
         return True
 
     def revert(self) -> None:
         if not self.applied():
             return
         owner, name = self._owner()
-        setattr(owner, name, self._original)
+        if self._original is _MISSING:
+            delattr(owner, name)
+        else:
+            setattr(owner, name, self._original)
         self._original = _MISSING
+        self._active = False
 
 
 def _lookup(module: ModuleType, dotted: str) -> Any:

@@ -62,7 +62,14 @@ def run(args: argparse.Namespace) -> int:
     try:
         if args.patch_action == "status":
             report = engine.status(**kwargs, lock_timeout=args.lock_timeout)
-            _emit(args, report.to_json(), _render_status(report))
+            fixes = _runtime_fixes()
+            # the runtime fixes go above the summary line, which stays last
+            body, _, summary = _render_status(report).rpartition("\n")
+            _emit(
+                args,
+                {**report.to_json(), "runtime_fixes": fixes},
+                body + _render_runtime_fixes(fixes) + "\n" + summary,
+            )
             if report.pair_problem is not None:
                 return EXIT_REFUSED
             return EXIT_DRIFT if report.drifted else EXIT_OK
@@ -98,6 +105,19 @@ def run(args: argparse.Namespace) -> int:
         else:
             print(f"vllm-kunlun patch {args.patch_action}: {exc}", file=sys.stderr)
         return EXIT_INCONSISTENT if isinstance(exc, RollbackFailed) else EXIT_REFUSED
+
+
+def _runtime_fixes() -> dict[str, str]:
+    from vllm_kunlun.patching.torch_fixes import runtime_fix_states
+
+    return runtime_fix_states()
+
+
+def _render_runtime_fixes(fixes: dict[str, str]) -> str:
+    width = max(len(name) for name in fixes)
+    lines = ["runtime fixes (no file changes; the platform applies them at start):"]
+    lines += [f"  {name:<{width}}  {state}" for name, state in fixes.items()]
+    return "\n" + "\n".join(lines)
 
 
 def _emit(args: argparse.Namespace, payload: dict[str, Any], text: str) -> None:

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from vllm_kunlun import envs
 from vllm_kunlun.logger import init_logger
-from vllm_kunlun.patching import schema
+from vllm_kunlun.patching import schema, wrap_triton
+from vllm_kunlun.quantization import patches as int8_patches
 from vllm_kunlun.sample import patches as sample_patches
 
 logger = init_logger(__name__)
@@ -38,8 +39,18 @@ def apply_schema_fix() -> None:
 def apply_runtime_fixes() -> None:
     """Idempotent: safe in every process and on every call."""
     apply_schema_fix()
+    if wrap_triton.apply():
+        logger.info(
+            "vllm-kunlun: runtime patch %s applied (torch %s lacks %s, which every "
+            "quantized checkpoint imports)",
+            wrap_triton.NAME,
+            __import__("torch").__version__,
+            wrap_triton.TARGET,
+        )
     # Device-side sampling; deferred while vLLM is still resolving current_platform.
     sample_patches.apply_all()
+    if sample_patches.platform_resolved():
+        int8_patches.apply_if_loaded()
     # vLLM's CustomOps on the vendor kernels (when the platform wants them); deferred
     # the same way.
     from vllm_kunlun.ops import custom_ops

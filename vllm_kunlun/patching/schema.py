@@ -90,3 +90,22 @@ def revert() -> None:
         for key in keys:
             table.pop(key, None)
     _added.clear()
+
+
+def state() -> str:
+    """One line for ``vllm-kunlun patch status`` and the doctor."""
+    from vllm_kunlun import envs
+
+    if not needed():
+        return f"not needed: torch {torch.__version__} infers these schemas itself"
+    if applied():
+        return "applied: torch infers custom-op schemas from list[int] / X | None"
+    if not envs.VLLM_KUNLUN_SCHEMA_FIX:
+        return (
+            "OFF (VLLM_KUNLUN_SCHEMA_FIX=0): import vllm.config fails unless the "
+            "patch set is applied"
+        )
+    return (
+        f"needed on torch {torch.__version__} (import vllm.config); applied by the "
+        "platform in every vLLM process"
+    )

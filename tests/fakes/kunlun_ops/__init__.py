@@ -174,3 +174,6 @@ def top_k_top_p_sampling_from_logits(
         check_nan=check_nan,
     )
     return _mode(logits, indices)
+
+
+from kunlun_ops._int8 import matmul, quant2d  # noqa: E402,F401  (W8A8 int8 kernels)

@@ -1,0 +1,229 @@
+"""Int8 linear probe: the plugin's portable W8A8 kernel vs a float matmul, same shapes.
+
+Times, on the same activations in the same run, one linear layer computed by
+
+* ours: ``ops.int8_mm_portable.int8_linear`` (per-token dynamic int8 activations, the
+  exact int8 product the one-time probe chose for the device, vLLM's epilogue), and
+* float: ``torch.nn.functional.linear`` with the weight in the activations' dtype,
+
+for the per-card shapes of the log's model (Qwen3.5-27B at TP 8: column-parallel
+layers split their outputs by 8, row-parallel ones their inputs) and a few token
+counts. Reported: median ms per call, ours / float (a ratio above 1 is slower), and the
+weight bytes each keeps. Then, from the same shape table (``doctor/weights.py``), the
+weight memory int8 saves per decoder layer and for the whole model.
+
+    python benchmarks/int8_linear.py                        # CPU, float32 activations
+    python benchmarks/int8_linear.py --dtype bfloat16 --tokens 1,64 --json out.json
+
+Calls alternate between the two, so a change in machine load affects both. On CUDA every
+call is synchronised before and after. On Kunlun the vendor kernels serve W8A8 layers;
+this probe measures the portable path (host emulation, CI, fallbacks).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from vllm_kunlun.doctor.weights import (  # noqa: E402
+    QWEN3_5_27B,
+    int8_linear_bytes,
+    linear_layers,
+)
+from vllm_kunlun.ops import int8_mm_portable as portable  # noqa: E402
+
+TP = 8
+# (name, out, in) per card at TP 8; column-parallel: out / 8, row-parallel: in / 8.
+SHAPES = {
+    "mlp.gate_up_proj": (2 * 17408 // TP, 5120),
+    "mlp.down_proj": (5120, 17408 // TP),
+    "self_attn.qkv_proj": ((12288 + 2 * 1024) // TP, 5120),
+    "linear_attn.in_proj_qkv": (10240 // TP, 5120),
+}
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--tokens", default="1,32,256", help="token counts (M)")
+    parser.add_argument("--shapes", default="", help="subset of shape names")
+    parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
+    parser.add_argument("--iters", type=int, default=5)
+    parser.add_argument("--warmup", type=int, default=1)
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--json", type=Path, help="also write the results here")
+    return parser.parse_args(argv)
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def time_pair(
+    fns: dict[str, Callable[[], torch.Tensor]],
+    device: torch.device,
+    iters: int,
+    warmup: int,
+) -> dict[str, float]:
+    times: dict[str, list[float]] = {name: [] for name in fns}
+    for i in range(warmup + iters):
+        for name, fn in fns.items():
+            _sync(device)
+            start = time.perf_counter()
+            fn()
+            _sync(device)
+            if i >= warmup:
+                times[name].append(time.perf_counter() - start)
+    return {name: statistics.median(t) for name, t in times.items()}
+
+
+def memory_table() -> dict[str, Any]:
+    """Weight bytes per decoder layer, bf16 vs int8 + float32 channel scales."""
+    layers = linear_layers(QWEN3_5_27B)
+    assert layers is not None
+    kinds: dict[str, dict[str, int]] = {}
+    for kind, prefixes in (
+        ("full attention layer", ("self_attn.", "mlp.")),
+        ("Gated DeltaNet layer", ("linear_attn.", "mlp.")),
+    ):
+        chosen = [lin for lin in layers if lin.name.startswith(prefixes)]
+        bf16 = sum(2 * lin.out * lin.inp for lin in chosen)
+        int8 = sum(int8_linear_bytes(lin) // lin.layers for lin in chosen)
+        kinds[kind] = {"bf16": bf16, "int8": int8, "saved": bf16 - int8}
+    total_bf16 = sum(2 * lin.params for lin in layers)
+    total_int8 = sum(int8_linear_bytes(lin) for lin in layers)
+    return {
+        "per_layer": kinds,
+        "linear_total": {
+            "bf16": total_bf16,
+            "int8": total_int8,
+            "saved": total_bf16 - total_int8,
+            "saved_per_card_tp8": (total_bf16 - total_int8) // TP,
+        },
+    }
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    device = torch.device(args.device)
+    dtype = getattr(torch, args.dtype)
+    gen = torch.Generator().manual_seed(0)
+    names = [s for s in args.shapes.split(",") if s] or list(SHAPES)
+    rows = []
+    for name in names:
+        n, k = SHAPES[name]
+        w_float = (torch.randn(n, k, generator=gen) / k**0.5).to(device, dtype)
+        w_q, w_scale = quantize_weight_rows(w_float)
+        for m in (int(t) for t in args.tokens.split(",")):
+            x = torch.randn(m, k, generator=gen).to(device, dtype)
+            med = time_pair(
+                {
+                    "ours": lambda x=x, w_q=w_q, w_scale=w_scale: portable.int8_linear(
+                        x, w_q, w_scale
+                    ),
+                    "float": lambda x=x, w_float=w_float: torch.nn.functional.linear(
+                        x, w_float
+                    ),
+                },
+                device,
+                args.iters,
+                args.warmup,
+            )
+            rows.append(
+                {
+                    "shape": name,
+                    "tokens": m,
+                    "out": n,
+                    "in": k,
+                    "ours_ms": med["ours"] * 1e3,
+                    "float_ms": med["float"] * 1e3,
+                    "ratio": med["ours"] / med["float"],
+                    "product": portable.exact_int8_matmul(device).chosen(
+                        x.to(torch.int8), w_q
+                    ),
+                    "weight_bytes_ours": w_q.numel() + 4 * n,
+                    "weight_bytes_float": w_float.numel() * w_float.element_size(),
+                }
+            )
+    return {
+        "device": str(device),
+        "dtype": args.dtype,
+        "iters": args.iters,
+        "torch": torch.__version__,
+        "threads": torch.get_num_threads(),
+        "rows": rows,
+        "memory": memory_table(),
+    }
+
+
+def quantize_weight_rows(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-output-channel symmetric int8 (absmax / 127; the scale convention does not
+    change the timing)."""
+    wf = w.float()
+    scale = wf.abs().amax(dim=1) / 127.0
+    return (wf / scale.unsqueeze(1)).round().clamp(-128, 127).to(torch.int8), scale
+
+
+def _gib(n: float) -> str:
+    return f"{n / (1 << 30):.2f} GiB"
+
+
+def markdown(report: dict[str, Any]) -> str:
+    lines = [
+        f"int8 linear, {report['device']}, {report['dtype']} activations, median of "
+        f"{report['iters']}; torch {report['torch']}, {report['threads']} threads",
+        "",
+        "| layer (per card, TP 8) | out x in | tokens | ours ms | float ms | ours / float "
+        "| weight MiB ours / float | exact product |",
+        "|---|---|---:|---:|---:|---:|---|---|",
+    ]
+    for r in report["rows"]:
+        lines.append(
+            f"| {r['shape']} | {r['out']} x {r['in']} | {r['tokens']} | "
+            f"{r['ours_ms']:.2f} | {r['float_ms']:.2f} | {r['ratio']:.2f} | "
+            f"{r['weight_bytes_ours'] / 2**20:.1f} / "
+            f"{r['weight_bytes_float'] / 2**20:.1f} | {r['product']} |"
+        )
+    mem = report["memory"]
+    lines += [
+        "",
+        "Weight memory of Qwen3.5-27B's linear layers (bf16 vs int8 + float32 channel "
+        "scales; doctor/weights.py):",
+        "",
+        "| | bf16 | W8A8 | saved |",
+        "|---|---:|---:|---:|",
+    ]
+    for kind, v in mem["per_layer"].items():
+        lines.append(
+            f"| one {kind} | {v['bf16'] / 2**20:.1f} MiB | {v['int8'] / 2**20:.1f} MiB "
+            f"| {v['saved'] / 2**20:.1f} MiB |"
+        )
+    t = mem["linear_total"]
+    lines.append(
+        f"| all 64 layers | {_gib(t['bf16'])} | {_gib(t['int8'])} | {_gib(t['saved'])} "
+        f"({_gib(t['saved_per_card_tp8'])} per card at TP 8) |"
+    )
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    report = run(args)
+    print(markdown(report))
+    if args.json:
+        args.json.write_text(json.dumps(report, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,136 @@
+"""References for the W8A8 end-to-end tests, run by e2e_runner after the engine jobs.
+
+- ``float64``: transformers' own Qwen3 modeling code in float64, every quantized linear
+  layer computing on the checkpoint's int8 weights times their scales, on activations
+  quantized per token as vLLM's kernels do (``absmax / 127``, round half to even,
+  saturate; the quantizer itself in float32, as the engine's). Same quantization as
+  the engine: its greedy tokens equal the engine's, its logprobs match to ~1e-6 except
+  where float noise moves one activation across a rounding boundary.
+- ``transformers``: transformers' loading of the compressed-tensors checkpoint itself
+  (``CompressedLinear``: weights dequantized, activations fake-quantized by
+  compressed-tensors with ``absmax / 127.5``). Another rounding, so compared by
+  teacher-forced logprobs with a tolerance, and by tokens only where its top-2 margin
+  is clear.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+
+def vllm_per_token(x: torch.Tensor) -> torch.Tensor:
+    """Quantize-dequantize each row as vLLM's CUDA kernel does, in float32:
+    ``q = rne(x * (127 / absmax))`` saturated, ``scale = absmax / 127``."""
+    xf = x.float()
+    absmax = xf.abs().amax(dim=-1, keepdim=True)
+    inv = torch.where(absmax > 0, 127.0 / absmax, torch.zeros_like(absmax))
+    q = (xf * inv).round().clamp(-128, 127)
+    return q.to(x.dtype) * (absmax / 127.0).to(x.dtype)
+
+
+def compressed_tensors_per_token(x: torch.Tensor) -> torch.Tensor:
+    """compressed-tensors' dynamic token quantization, in float32:
+    ``scale = absmax / 127.5``, ``q = rne(clamp(x / scale))``. Its row maximum always
+    lands on the tie at +-127.5, so the float32 arithmetic matters."""
+    xf = x.float()
+    scale = xf.abs().amax(dim=-1, keepdim=True) / 127.5
+    scale = torch.where(scale == 0, torch.finfo(torch.float32).eps, scale)
+    q = (xf / scale).clamp(-128, 127).round()
+    return q.to(x.dtype) * scale.to(x.dtype)
+
+
+def float64_reference(
+    model_dir: str, quantize: Callable[[torch.Tensor], torch.Tensor] = vllm_per_token
+) -> torch.nn.Module:
+    """transformers' model, float64, on the stored int8 weights x scales, with per-token
+    activation quantization in front of every quantized linear layer."""
+    from safetensors.torch import load_file
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    raw = json.loads((Path(model_dir) / "config.json").read_text())
+    raw.pop("quantization_config")
+    config = AutoConfig.for_model(**raw)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float64).eval()
+    tensors = load_file(str(Path(model_dir) / "model.safetensors"))
+    state, quantized = {}, []
+    for name, t in tensors.items():
+        if name.endswith(".weight_scale"):
+            continue
+        scale = tensors.get(name.removesuffix(".weight") + ".weight_scale")
+        if scale is None:
+            state[name] = t.double()
+        else:
+            assert t.dtype == torch.int8, name
+            state[name] = t.double() * scale.double()
+            quantized.append(name.removesuffix(".weight"))
+    model.load_state_dict(state, strict=True)
+    modules = dict(model.named_modules())
+    for name in quantized:
+        modules[name].register_forward_pre_hook(lambda m, args: (quantize(args[0]),))
+    return model
+
+
+def transformers_native(model_dir: str) -> torch.nn.Module:
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+
+
+@torch.no_grad()
+def greedy(model: torch.nn.Module, prompt: list[int], n: int) -> list[int]:
+    ids = torch.tensor([prompt])
+    out: list[int] = []
+    for _ in range(n):
+        nxt = int(model(ids).logits[0, -1].argmax())
+        out.append(nxt)
+        ids = torch.cat([ids, torch.tensor([[nxt]])], dim=1)
+    return out
+
+
+@torch.no_grad()
+def teacher_forced(
+    model: torch.nn.Module, prompt: list[int], tokens: list[int]
+) -> dict[str, list[Any]]:
+    """At each generated step: the logprob of ``tokens[i]``, the model's own argmax and
+    its top-2 logprob margin, all from one forward pass over prompt + tokens."""
+    ids = torch.tensor([prompt + tokens])
+    logits = model(ids).logits[0].double()
+    rows = logits[len(prompt) - 1 : len(prompt) - 1 + len(tokens)].log_softmax(-1)
+    top2 = rows.topk(2, dim=-1)
+    return {
+        "logprobs": [float(rows[i, t]) for i, t in enumerate(tokens)],
+        "argmax": top2.indices[:, 0].tolist(),
+        "margin": (top2.values[:, 0] - top2.values[:, 1]).tolist(),
+    }
+
+
+def post(spec: dict[str, Any], result: dict[str, Any]) -> dict[str, Any]:
+    """Both references on every job the engine ran (e2e_runner's ``post`` hook)."""
+    ref = float64_reference(spec["model"])
+    ref_ct = float64_reference(spec["model"], compressed_tensors_per_token)
+    native = transformers_native(spec["model"])
+    out: dict[str, Any] = {
+        "float64_greedy": {},
+        "float64": {},
+        "float64_127_5": {},
+        "transformers": {},
+    }
+    for name, rows in result["jobs"].items():
+        out["float64_greedy"][name] = [
+            greedy(ref, r["prompt_token_ids"], len(r["token_ids"])) for r in rows
+        ]
+        out["float64"][name] = [
+            teacher_forced(ref, r["prompt_token_ids"], r["token_ids"]) for r in rows
+        ]
+        out["float64_127_5"][name] = [
+            teacher_forced(ref_ct, r["prompt_token_ids"], r["token_ids"]) for r in rows
+        ]
+        out["transformers"][name] = [
+            teacher_forced(native, r["prompt_token_ids"], r["token_ids"]) for r in rows
+        ]
+    return out

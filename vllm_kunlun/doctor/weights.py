@@ -1,0 +1,208 @@
+"""Weight memory from a model's config.json: the linear layers, and what W8A8 saves.
+
+Why: the budget check reads the weight files' size, but a planning directory (a copied
+config.json, a checkpoint still downloading) has none, and for a W8A8-INT8 checkpoint
+the answer is half the bf16 one. The benchmark needs the same per-layer shapes to
+state what int8 saves on the log's 27B model.
+How: the linear layers of the model family, as transformers 5.2.0's modeling code
+builds them (Qwen3: q/k/v/o + gate/up/down; Qwen3.5: full attention with an output gate
+(q_proj is 2 x heads x head_dim), Gated DeltaNet in_proj_qkv / in_proj_z / in_proj_b /
+in_proj_a / out_proj, a dense MLP in every layer), plus the embeddings and an untied
+lm_head. A compressed-tensors config with 8-bit integer weights makes every linear layer
+not in its ``ignore`` list int8 with one float32 scale per output channel. Norms, GDN
+conv / gate vectors and biases (< 0.1% of a 27B model) are left out. MoE, vision towers
+and MTP heads are not counted: an estimate says so in its source.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+# The log's model family, Qwen3.5-27B (the checkpoint served was its W8A8-INT8-Dynamic
+# quantization). Sources: issue 9 of this project (64 layers, 48 Gated DeltaNet; GDN 16
+# key / 48 value heads of 128, conv kernel 4; 4 KV heads of 256); the public model
+# cards of Qwen3.5-27B derivatives and of Qwen3.6-27B, which shares the qwen3_5
+# architecture (hidden 5120, intermediate 17,408, 24 query heads, vocabulary 248,320,
+# layer pattern 3 x GDN + 1 x full attention); projection shapes from transformers
+# 5.2.0's modeling_qwen3_5.py. The full checkpoint also has a vision tower and an MTP
+# layer, which are not counted here.
+QWEN3_5_27B: dict[str, Any] = {
+    "architectures": ["Qwen3_5ForConditionalGeneration"],
+    "model_type": "qwen3_5",
+    "tie_word_embeddings": False,
+    "text_config": {
+        "model_type": "qwen3_5_text",
+        "hidden_size": 5120,
+        "intermediate_size": 17408,
+        "num_hidden_layers": 64,
+        "layer_types": (["linear_attention"] * 3 + ["full_attention"]) * 16,
+        "num_attention_heads": 24,
+        "num_key_value_heads": 4,
+        "head_dim": 256,
+        "linear_num_key_heads": 16,
+        "linear_num_value_heads": 48,
+        "linear_key_head_dim": 128,
+        "linear_value_head_dim": 128,
+        "linear_conv_kernel_dim": 4,
+        "vocab_size": 248320,
+        "dtype": "bfloat16",
+    },
+}
+
+DTYPE_BYTES = {"float32": 4, "float": 4, "bfloat16": 2, "float16": 2, "half": 2}
+_DENSE_TYPES = ("qwen3", "qwen2", "llama", "mistral")
+_HYBRID_TYPES = ("qwen3_5", "qwen3_5_text")
+
+
+@dataclass(frozen=True)
+class Linear:
+    """One linear layer of a decoder layer (or the lm_head): ``out`` x ``inp``."""
+
+    name: str  # module path relative to the decoder layer, e.g. "self_attn.q_proj"
+    out: int
+    inp: int
+    layers: int  # how many decoder layers have it
+
+    @property
+    def params(self) -> int:
+        return self.out * self.inp * self.layers
+
+
+def _text(config: Mapping[str, Any]) -> Mapping[str, Any]:
+    return config.get("text_config") or config
+
+
+def _layer_types(text: Mapping[str, Any]) -> list[str]:
+    n = int(text["num_hidden_layers"])
+    types = text.get("layer_types")
+    if types is None:
+        interval = int(text.get("full_attention_interval", 4))
+        types = [
+            "linear_attention" if (i + 1) % interval else "full_attention"
+            for i in range(n)
+        ]
+    return list(types)
+
+
+def linear_layers(config: Mapping[str, Any]) -> list[Linear] | None:
+    """The decoder's linear layers by kind; None for a family not modelled here."""
+    text = _text(config)
+    model_type = str(text.get("model_type") or config.get("model_type") or "")
+    h = int(text["hidden_size"])
+    heads = int(text["num_attention_heads"])
+    hd = int(text.get("head_dim") or h // heads)
+    kv = int(text.get("num_key_value_heads") or heads)
+    inter = int(text["intermediate_size"])
+    n = int(text["num_hidden_layers"])
+    if model_type in _DENSE_TYPES:
+        attn, gated = n, False
+    elif model_type in _HYBRID_TYPES:
+        attn = sum(t == "full_attention" for t in _layer_types(text))
+        gated = True  # Qwen3.5's attention output gate doubles q_proj
+    else:
+        return None
+    layers = [
+        Linear("self_attn.q_proj", heads * hd * (2 if gated else 1), h, attn),
+        Linear("self_attn.k_proj", kv * hd, h, attn),
+        Linear("self_attn.v_proj", kv * hd, h, attn),
+        Linear("self_attn.o_proj", h, heads * hd, attn),
+    ]
+    gdn = n - attn
+    if gdn:
+        key = int(text["linear_num_key_heads"]) * int(text["linear_key_head_dim"])
+        v_heads = int(text["linear_num_value_heads"])
+        value = v_heads * int(text["linear_value_head_dim"])
+        layers += [
+            Linear("linear_attn.in_proj_qkv", 2 * key + value, h, gdn),
+            Linear("linear_attn.in_proj_z", value, h, gdn),
+            Linear("linear_attn.in_proj_b", v_heads, h, gdn),
+            Linear("linear_attn.in_proj_a", v_heads, h, gdn),
+            Linear("linear_attn.out_proj", h, value, gdn),
+        ]
+    layers += [
+        Linear("mlp.gate_proj", inter, h, n),
+        Linear("mlp.up_proj", inter, h, n),
+        Linear("mlp.down_proj", h, inter, n),
+    ]
+    return layers
+
+
+def int8_ignore(config: Mapping[str, Any]) -> list[str] | None:
+    """The ``ignore`` list of a compressed-tensors config whose weights are 8-bit
+    integers (W8A8 / W8A16), or None when the weights are not int8."""
+    q = config.get("quantization_config") or _text(config).get("quantization_config")
+    if not isinstance(q, Mapping) or q.get("quant_method") != "compressed-tensors":
+        return None
+    groups = list((q.get("config_groups") or {}).values())
+    if not groups or not all(
+        (g.get("weights") or {}).get("num_bits") == 8
+        and (g.get("weights") or {}).get("type", "int") == "int"
+        for g in groups
+    ):
+        return None
+    return [str(i) for i in q.get("ignore") or []]
+
+
+def _ignored(name: str, ignore: list[str]) -> bool:
+    """compressed-tensors' matching: ``re:<regex>`` matched from the start, else the
+    exact module name."""
+    for entry in ignore:
+        if entry.startswith("re:") and re.match(entry[3:], name):
+            return True
+        if entry == name:
+            return True
+    return False
+
+
+@dataclass(frozen=True)
+class WeightEstimate:
+    total_bytes: int
+    int8_linear_params: int
+    source: str
+
+    def per_card(self, tp: int) -> int:
+        return self.total_bytes // tp
+
+
+def int8_linear_bytes(linear: Linear) -> int:
+    """int8 weight plus one float32 scale per output channel, all layers."""
+    return (linear.out * linear.inp + 4 * linear.out) * linear.layers
+
+
+def estimate_weights(config: Mapping[str, Any]) -> WeightEstimate | None:
+    """Weight bytes of the whole model from its config, or None (family not modelled,
+    or the config lacks a dimension)."""
+    try:
+        layers = linear_layers(config)
+        text = _text(config)
+        h, vocab = int(text["hidden_size"]), int(text["vocab_size"])
+    except (KeyError, TypeError, ValueError):
+        return None
+    if layers is None:
+        return None
+    dtype = str(
+        text.get("dtype") or text.get("torch_dtype") or config.get("torch_dtype") or ""
+    ).replace("torch.", "")
+    dtype_bytes = DTYPE_BYTES.get(dtype, 2)
+    tied = bool(config.get("tie_word_embeddings", text.get("tie_word_embeddings")))
+    total = vocab * h * dtype_bytes * (1 if tied else 2)
+    ignore = int8_ignore(config)
+    int8_params = 0
+    for linear in layers:
+        name = f"model.layers.0.{linear.name}"
+        if ignore is not None and not _ignored(name, ignore):
+            total += int8_linear_bytes(linear)
+            int8_params += linear.params
+        else:
+            total += linear.params * dtype_bytes
+    kind = (
+        "W8A8: int8 linear weights + float32 channel scales"
+        if ignore is not None
+        else f"{dtype or 'bfloat16'} weights"
+    )
+    return WeightEstimate(
+        total, int8_params, f"estimated from config.json ({kind}; no weight files)"
+    )

@@ -1,0 +1,159 @@
+"""Turn a written checkpoint into a compressed-tensors W8A8-INT8 (dynamic) checkpoint.
+
+Why: the log's model is ``...-W8A8-INT8-Dynamic`` (llm-compressor's W8A8 preset). The
+tests, the demo and the benchmarks need such a checkpoint without llm-compressor or a
+download, for the tiny Qwen3 and for any other tiny model the project writes.
+How: model-agnostic. The caller names the linear weights to quantize (``[out, in]``
+float tensors) and the linear modules to leave in float (``ignore``); each weight
+becomes int8 ``[out, in]`` plus a float32 ``weight_scale`` ``[out, 1]``, quantized as
+compressed-tensors' min-max observer does (symmetric per output channel, zero kept
+representable: ``scale = absmax / 127.5``, ``q = clamp(rne(w / scale), -128, 127)``),
+and ``config.json`` gets the ``quantization_config`` llm-compressor writes for W8A8:
+``format: int-quantized``, 8-bit symmetric per-channel weights, dynamic 8-bit symmetric
+per-token input activations, targets ``Linear``. Activations are quantized at run time
+by whoever serves the checkpoint (vLLM: ``absmax / 127``; docs/quantization.md).
+Only torch and safetensors are needed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import torch
+
+WEIGHTS_FILE = "model.safetensors"
+# The tiny Qwen3's linear layers: attention and MLP projections (lm_head stays float).
+QWEN3_LINEAR_WEIGHTS = r"model\.layers\.\d+\.(self_attn|mlp)\.\w+_proj\.weight"
+QWEN3_IGNORE = ("lm_head",)
+
+
+def quantize_weight(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``[out, in]`` float -> (int8 ``[out, in]``, float32 scale ``[out, 1]``)."""
+    import torch
+
+    wf = w.float()
+    absmax = wf.abs().amax(dim=1, keepdim=True)
+    scale = absmax / 127.5
+    # compressed-tensors replaces a zero scale by float32's eps (an all-zero row)
+    scale = torch.where(scale == 0, torch.finfo(torch.float32).eps, scale)
+    q = torch.round(wf / scale).clamp(-128, 127).to(torch.int8)
+    return q, scale
+
+
+def w8a8_dynamic_config(ignore: Sequence[str]) -> dict:
+    """The ``quantization_config`` of a W8A8-INT8 dynamic compressed-tensors checkpoint."""
+
+    def args(strategy: str, dynamic: bool, observer: str | None) -> dict:
+        return {
+            "num_bits": 8,
+            "type": "int",
+            "symmetric": True,
+            "strategy": strategy,
+            "dynamic": dynamic,
+            "group_size": None,
+            "block_structure": None,
+            "actorder": None,
+            "observer": observer,
+            "observer_kwargs": {},
+        }
+
+    return {
+        "quant_method": "compressed-tensors",
+        "format": "int-quantized",
+        "quantization_status": "compressed",
+        "config_groups": {
+            "group_0": {
+                "targets": ["Linear"],
+                "weights": args("channel", False, "minmax"),
+                "input_activations": args("token", True, None),
+                "output_activations": None,
+            }
+        },
+        "ignore": list(ignore),
+        "kv_cache_scheme": None,
+        "sparsity_config": {},
+    }
+
+
+def select(names: Iterable[str], pattern: str) -> list[str]:
+    """The tensor names that match ``pattern`` in full, sorted."""
+    rx = re.compile(pattern)
+    return sorted(n for n in names if rx.fullmatch(n))
+
+
+def quantize_tensors(
+    tensors: dict[str, torch.Tensor], weights: Sequence[str]
+) -> dict[str, torch.Tensor]:
+    """A copy of ``tensors`` with each name in ``weights`` quantized (plus its scale)."""
+    missing = [w for w in weights if w not in tensors]
+    bad = [w for w in weights if w in tensors and tensors[w].dim() != 2]
+    if missing or bad or not weights:
+        raise ValueError(
+            "quantize: "
+            + (f"not in the checkpoint: {missing}; " if missing else "")
+            + (f"not 2-D [out, in] linear weights: {bad}; " if bad else "")
+            + ("no weights named; " if not weights else "")
+            + "name the linear weights of the model (e.g. with select())"
+        )
+    out = dict(tensors)
+    for name in weights:
+        if not name.endswith(".weight"):
+            raise ValueError(f"quantize: {name!r} is not a '<module>.weight' tensor")
+        q, scale = quantize_weight(tensors[name])
+        out[name] = q
+        out[name.removesuffix(".weight") + ".weight_scale"] = scale
+    return out
+
+
+def quantize_checkpoint(
+    directory: str | os.PathLike[str],
+    weights: Sequence[str],
+    ignore: Sequence[str],
+) -> Path:
+    """Quantize the checkpoint in ``directory`` in place (one ``model.safetensors``).
+
+    ``weights``: the linear weights to quantize; ``ignore``: the linear modules that
+    stay float (vLLM treats every other ``Linear`` as quantized, so the two must cover
+    the model's linear layers).
+    """
+    from safetensors.torch import load_file, save
+
+    from vllm_kunlun.tiny_model import write_atomic
+
+    out = Path(directory)
+    config_path = out / "config.json"
+    config = json.loads(config_path.read_text())
+    if "quantization_config" in config:
+        raise ValueError(f"{out} is already quantized ({config_path})")
+    tensors = quantize_tensors(load_file(str(out / WEIGHTS_FILE)), weights)
+    config["quantization_config"] = w8a8_dynamic_config(ignore)
+    write_atomic(out / WEIGHTS_FILE, save(tensors, metadata={"format": "pt"}))
+    write_atomic(
+        config_path, (json.dumps(config, indent=2, sort_keys=True) + "\n").encode()
+    )
+    return out
+
+
+def write_tiny_w8a8(directory: str | os.PathLike[str]) -> Path:
+    """The tiny Qwen3, quantized to W8A8-INT8 dynamic (``lm_head`` stays float)."""
+    from safetensors import safe_open
+
+    from vllm_kunlun.tiny_model import MARKER, write_atomic, write_tiny_model
+
+    out = write_tiny_model(directory)
+    marker = json.loads((out / MARKER).read_text())
+    (out / MARKER).unlink()  # complete again only once quantized
+    with safe_open(str(out / WEIGHTS_FILE), "pt") as f:
+        names = list(f.keys())
+    quantize_checkpoint(out, select(names, QWEN3_LINEAR_WEIGHTS), QWEN3_IGNORE)
+    marker["quant"] = "w8a8"
+    write_atomic(
+        out / MARKER, (json.dumps(marker, indent=2, sort_keys=True) + "\n").encode()
+    )
+    return out
