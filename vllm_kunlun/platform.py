@@ -89,8 +89,11 @@ class KunlunPlatformBase(Platform):
         # Called before vLLM reads --model (CLI parser, top of create_engine_config):
         # the model-path guard must be in place by then (see vllm_kunlun/guards.py).
         from vllm_kunlun.guards import install
+        from vllm_kunlun.models import register_models
 
         install()
+        # ModelConfig resolves the architecture right after this hook.
+        register_models()
 
     # ---- attention ------------------------------------------------------------------
     @classmethod
@@ -193,6 +196,13 @@ class KunlunPlatformBase(Platform):
         from vllm_kunlun import native
 
         native.load()
+
+    @classmethod
+    def support_hybrid_kv_cache(cls) -> bool:
+        # Hybrid models (Qwen3.5: GDN state + attention KV) need vLLM's hybrid KV cache
+        # manager; without it the engine refuses them ("failed to convert the KV cache
+        # specs to one unified type"). The state layout is device independent.
+        return True
 
     @classmethod
     def get_punica_wrapper(cls) -> str:

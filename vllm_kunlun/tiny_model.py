@@ -18,6 +18,7 @@ import math
 import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Protocol
 
 SEED = 20260815
 FORMAT_VERSION = 1
@@ -56,6 +57,29 @@ class TinyQwen3Spec:
     max_position_embeddings: int = 2048
     rope_theta: float = 10000.0
     rms_norm_eps: float = 1e-6
+
+    cache_name = "tiny-qwen3"
+
+    def marker(self) -> dict:
+        return {"seed": SEED, "format": FORMAT_VERSION, **asdict(self)}
+
+    def config(self, vocab_size: int) -> dict:
+        return _config(self, vocab_size)
+
+    def weights(self, vocab_size: int) -> dict:
+        return _weights(self, vocab_size)
+
+
+class TinySpec(Protocol):
+    """What a tiny checkpoint kind provides (TinyQwen3Spec, tiny_qwen3_5's spec)."""
+
+    cache_name: str
+
+    def marker(self) -> dict: ...
+
+    def config(self, vocab_size: int) -> dict: ...
+
+    def weights(self, vocab_size: int) -> dict: ...
 
 
 def vocabulary() -> list[str]:
@@ -165,8 +189,22 @@ def _write_atomic(path: Path, data: bytes) -> None:
     os.replace(tmp, path)
 
 
+def write_tokenizer_files(out: Path, vocab: list[str]) -> None:
+    """The offline tokenizer every tiny checkpoint shares."""
+    _write_atomic(out / "tokenizer.json", _tokenizer_json(vocab).encode())
+    _write_atomic(out / "tokenizer_config.json", _dump(_tokenizer_config()))
+    _write_atomic(
+        out / "special_tokens_map.json",
+        _dump({k: v for k, v in _tokenizer_config().items() if k.endswith("_token")}),
+    )
+
+
+def _dump(obj: dict) -> bytes:
+    return (json.dumps(obj, indent=2, sort_keys=True) + "\n").encode()
+
+
 def write_tiny_model(
-    directory: str | os.PathLike[str], spec: TinyQwen3Spec | None = None
+    directory: str | os.PathLike[str], spec: TinySpec | None = None
 ) -> Path:
     """Write the checkpoint and tokenizer into ``directory`` (created if needed).
 
@@ -180,28 +218,18 @@ def write_tiny_model(
     out.mkdir(parents=True, exist_ok=True)
     vocab = vocabulary()
 
-    def dump(obj: dict) -> bytes:
-        return (json.dumps(obj, indent=2, sort_keys=True) + "\n").encode()
-
-    _write_atomic(out / "config.json", dump(_config(spec, len(vocab))))
+    _write_atomic(out / "config.json", _dump(spec.config(len(vocab))))
     _write_atomic(
         out / "model.safetensors",
-        save(_weights(spec, len(vocab)), metadata={"format": "pt"}),
+        save(spec.weights(len(vocab)), metadata={"format": "pt"}),
     )
-    _write_atomic(out / "tokenizer.json", _tokenizer_json(vocab).encode())
-    _write_atomic(out / "tokenizer_config.json", dump(_tokenizer_config()))
-    _write_atomic(
-        out / "special_tokens_map.json",
-        dump({k: v for k, v in _tokenizer_config().items() if k.endswith("_token")}),
-    )
-    _write_atomic(
-        out / MARKER, dump({"seed": SEED, "format": FORMAT_VERSION, **asdict(spec)})
-    )
+    write_tokenizer_files(out, vocab)
+    _write_atomic(out / MARKER, _dump(spec.marker()))
     return out
 
 
 def is_tiny_model(
-    directory: str | os.PathLike[str], spec: TinyQwen3Spec | None = None
+    directory: str | os.PathLike[str], spec: TinySpec | None = None
 ) -> bool:
     """True when ``directory`` holds a complete tiny model of this spec and format."""
     marker = Path(directory) / MARKER
@@ -209,12 +237,11 @@ def is_tiny_model(
         found = json.loads(marker.read_text())
     except (OSError, ValueError):
         return False
-    spec = spec or TinyQwen3Spec()
-    return found == {"seed": SEED, "format": FORMAT_VERSION, **asdict(spec)}
+    return bool(found == (spec or TinyQwen3Spec()).marker())
 
 
 def ensure_tiny_model(
-    directory: str | os.PathLike[str], spec: TinyQwen3Spec | None = None
+    directory: str | os.PathLike[str], spec: TinySpec | None = None
 ) -> Path:
     """Build the model into ``directory`` unless a complete one of this spec is in it."""
     if not is_tiny_model(directory, spec):
@@ -222,12 +249,13 @@ def ensure_tiny_model(
     return Path(directory)
 
 
-def default_cache_dir() -> Path:
-    """``$XDG_CACHE_HOME/vllm-kunlun/tiny-qwen3`` (``~/.cache`` when unset)."""
+def default_cache_dir(spec: TinySpec | None = None) -> Path:
+    """``$XDG_CACHE_HOME/vllm-kunlun/<kind>-v<format>`` (``~/.cache`` when unset)."""
+    spec = spec or TinyQwen3Spec()
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(
         os.path.expanduser("~"), ".cache"
     )
-    return Path(base) / "vllm-kunlun" / f"tiny-qwen3-v{FORMAT_VERSION}"
+    return Path(base) / "vllm-kunlun" / f"{spec.cache_name}-v{spec.marker()['format']}"
 
 
 def checksum(directory: str | os.PathLike[str]) -> str:
