@@ -166,3 +166,6 @@ def top_k_top_p_sampling_from_logits(
         check_nan=check_nan,
     )
     return _mode(logits, indices)
+
+
+from kunlun_ops._gdn import *  # noqa: E402,F403  (Gated DeltaNet kernels)
