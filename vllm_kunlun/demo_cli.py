@@ -39,17 +39,42 @@ def add_parser(sub: Any) -> None:
 
     t = sub.add_parser(
         "tiny-model",
-        help="write the deterministic tiny Qwen3 checkpoint and tokenizer",
+        help="write a deterministic tiny checkpoint (Qwen3, or Qwen3.5 hybrid) and "
+        "tokenizer",
     )
     t.add_argument("directory", help="where to write it (created if needed)")
+    t.add_argument(
+        "--arch",
+        choices=("qwen3", "qwen3_5"),
+        default="qwen3",
+        help="qwen3: dense Qwen3 (default); qwen3_5: Qwen3.5 hybrid (Gated DeltaNet + "
+        "full attention)",
+    )
+    t.add_argument(
+        "--layout",
+        choices=("causal", "composite"),
+        default="causal",
+        help="qwen3_5 only: Qwen3_5ForCausalLM, or the vision-language composite "
+        "Qwen3_5ForConditionalGeneration (nested text_config, vision and MTP weights)",
+    )
     t.set_defaults(func=run_tiny_model_command)
 
 
 def run_tiny_model_command(args: argparse.Namespace) -> int:
     from vllm_kunlun.tiny_model import checksum, write_tiny_model
 
-    out = write_tiny_model(args.directory)
-    print(f"tiny Qwen3 written to {out} (sha256 {checksum(out)[:16]})")
+    if args.arch == "qwen3_5":
+        from vllm_kunlun.tiny_qwen3_5 import ARCHITECTURES, TinyQwen3_5Spec
+
+        out = write_tiny_model(args.directory, TinyQwen3_5Spec(layout=args.layout))
+        what = f"tiny Qwen3.5 hybrid ({ARCHITECTURES[args.layout]})"
+    else:
+        if args.layout != "causal":
+            print("tiny-model: --layout applies to --arch qwen3_5 only")
+            return 2
+        out = write_tiny_model(args.directory)
+        what = "tiny Qwen3"
+    print(f"{what} written to {out} (sha256 {checksum(out)[:16]})")
     return 0
 
 

@@ -240,6 +240,11 @@ def is_tiny_model(
     return bool(found == (spec or TinyQwen3Spec()).marker())
 
 
+def is_tiny_checkpoint(directory: str | os.PathLike[str]) -> bool:
+    """True when ``directory`` holds a complete tiny checkpoint of any kind."""
+    return (Path(directory) / MARKER).is_file()
+
+
 def ensure_tiny_model(
     directory: str | os.PathLike[str], spec: TinySpec | None = None
 ) -> Path:
