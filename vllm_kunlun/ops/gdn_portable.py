@@ -236,6 +236,9 @@ def _chunked_sequence(
     """One sequence in the WY form. Inputs float32: q, k ``[L, HV, dk]`` (prepared),
     v ``[L, HV, dv]``, g and beta ``[L, HV]``, h ``[HV, dk, dv]``."""
     length = q.shape[0]
+    # The WY form is exact for any chunk length: short sequences (decodes sharing a
+    # step with prefills) use one chunk of their own length instead of padding to 64.
+    chunk_size = min(chunk_size, length)
     pad = (-length) % chunk_size
     if pad:
         q, k, v = (F.pad(t, (0, 0, 0, 0, 0, pad)) for t in (q, k, v))
