@@ -61,9 +61,9 @@ if [ "$stack_ok" != "1" ]; then
   exit $status
 fi
 
-step "greedy equality, KunlunPlatform on CUDA (TRITON_ATTN and the portable backend)"
+step "greedy equality, KunlunPlatform on CUDA (TRITON_ATTN and the portable backend; Qwen3.5 hybrid with vLLM's Triton and the portable GDN kernels)"
 "$PY" -m pytest -q -p no:cacheprovider -m device tests/device/test_e2e_kunlun_cuda.py \
-  2>&1 | tail -60 | tee "$OUT/e2e_cuda.log" || status=1
+  tests/device/test_hybrid_cuda.py 2>&1 | tail -60 | tee "$OUT/e2e_cuda.log" || status=1
 
 step "demo on the GPU (tokens/s)"
 PYTHONPATH="$PWD/tests/fakes:$PYTHONPATH" FAKE_XMLIR_DEVICES=1 VLLM_KUNLUN_SAMPLER=portable \
