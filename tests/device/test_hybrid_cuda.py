@@ -13,25 +13,20 @@ Skipped, with the reason, where the hardware or the stack is missing.
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
 
+from tests.device import test_e2e_kunlun_cuda
 from tests.integration.test_e2e_emulation import run_spec
 from tests.integration.test_e2e_hybrid import GREEDY_JOBS, LLM_ARGS
 from vllm_kunlun.tiny_model import write_tiny_model
 from vllm_kunlun.tiny_qwen3_5 import TinyQwen3_5Spec
 
-pytestmark = [
-    pytest.mark.device,
-    pytest.mark.slow,
-    pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device"),
-    pytest.mark.skipif(
-        importlib.util.find_spec("vllm") is None, reason="vllm is not installed"
-    ),
-]
+# The e2e device test's conditions: a CUDA device, vLLM 0.15.1 on torch 2.5.1.
+pytestmark = test_e2e_kunlun_cuda.pytestmark
 DEVICE = torch.device("cuda", 0)
 TOL = 2e-3  # Triton dots may run in TF32
 
@@ -56,6 +51,32 @@ def _triton() -> None:
 
     if not HAS_TRITON:
         pytest.skip("Triton has no active driver here")
+
+
+def _decode_agrees(kernel: Any, slots: list[int], seed: int) -> None:
+    """One decode step of len(slots) sequences through ``kernel`` (vLLM's signature)
+    against the portable recurrence: outputs and the state pool after."""
+    from vllm_kunlun.ops import gdn_portable
+
+    x = _inputs([1] * len(slots), seed=seed)
+    pool = torch.randn(len(slots) + 2, 4, 64, 64, device=DEVICE)
+    indices = torch.tensor(slots, dtype=torch.int32, device=DEVICE)
+    ours = pool.clone()
+    args = (x["q"], x["k"], x["v"], x["g"], x["beta"])
+    o, _ = kernel(
+        *args,
+        scale=64**-0.5,
+        initial_state=pool,
+        inplace_final_state=True,
+        cu_seqlens=x["cu"].to(torch.int32),
+        ssm_state_indices=indices,
+        use_qk_l2norm_in_kernel=True,
+    )
+    o_ref = gdn_portable.recurrent_gated_delta_rule(
+        *args, 64**-0.5, ours, x["cu"], indices
+    )
+    torch.testing.assert_close(o.float(), o_ref, atol=TOL, rtol=TOL)
+    torch.testing.assert_close(pool, ours, atol=TOL, rtol=TOL)
 
 
 def test_vllms_triton_chunked_rule_matches_portable() -> None:
@@ -85,27 +106,7 @@ def test_vllms_triton_recurrence_matches_portable_in_a_state_pool() -> None:
     _triton()
     from vllm.model_executor.layers.fla.ops import fused_recurrent_gated_delta_rule
 
-    from vllm_kunlun.ops import gdn_portable
-
-    x = _inputs([1, 1, 1], seed=1)
-    pool = torch.randn(5, 4, 64, 64, device=DEVICE)
-    slots = torch.tensor([4, 0, 2], dtype=torch.int32, device=DEVICE)
-    ours = pool.clone()
-    args = (x["q"], x["k"], x["v"], x["g"], x["beta"])
-    o, _ = fused_recurrent_gated_delta_rule(
-        *args,
-        scale=64**-0.5,
-        initial_state=pool,
-        inplace_final_state=True,
-        cu_seqlens=x["cu"].to(torch.int32),
-        ssm_state_indices=slots,
-        use_qk_l2norm_in_kernel=True,
-    )
-    o_ref = gdn_portable.recurrent_gated_delta_rule(
-        *args, 64**-0.5, ours, x["cu"], slots
-    )
-    torch.testing.assert_close(o.float(), o_ref, atol=TOL, rtol=TOL)
-    torch.testing.assert_close(pool, ours, atol=TOL, rtol=TOL)
+    _decode_agrees(fused_recurrent_gated_delta_rule, [4, 0, 2], seed=1)
 
 
 def test_vendor_decode_kernel_matches_portable(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -114,39 +115,17 @@ def test_vendor_decode_kernel_matches_portable(monkeypatch: pytest.MonkeyPatch) 
         pytest.skip("this is the test fake of kunlun_ops, not the vendor library")
     from vllm.model_executor.models import qwen3_next
 
-    from vllm_kunlun.ops import gdn, gdn_portable
+    from vllm_kunlun.ops import gdn
 
     monkeypatch.setenv("VLLM_KUNLUN_GDN", "vendor")
     gdn.reset()
     route = gdn.dispatcher(
         "fused_recurrent_gated_delta_rule", qwen3_next.fused_recurrent_gated_delta_rule
     )
-    x = _inputs([1, 1, 1, 1], seed=2)
-    pool = torch.randn(6, 4, 64, 64, device=DEVICE)
-    slots = torch.tensor([5, 1, 3, 0], dtype=torch.int32, device=DEVICE)
-    ours = pool.clone()
-    args = (x["q"], x["k"], x["v"], x["g"], x["beta"])
-    o, _ = route(
-        *args,
-        scale=64**-0.5,
-        initial_state=pool,
-        inplace_final_state=True,
-        cu_seqlens=x["cu"].to(torch.int32),
-        ssm_state_indices=slots,
-        use_qk_l2norm_in_kernel=True,
-    )
+    _decode_agrees(route, [5, 1, 3, 0], seed=2)
     assert gdn.choose("fused_recurrent_gated_delta_rule", DEVICE).name == "vendor"
-    o_ref = gdn_portable.recurrent_gated_delta_rule(
-        *args, 64**-0.5, ours, x["cu"], slots
-    )
-    torch.testing.assert_close(o.float(), o_ref, atol=TOL, rtol=TOL)
-    torch.testing.assert_close(pool, ours, atol=TOL, rtol=TOL)
 
 
-@pytest.mark.skipif(
-    not torch.__version__.startswith("2.5."),
-    reason=f"vllm 0.15.1 is validated on torch 2.5.1, not {torch.__version__}",
-)
 @pytest.mark.parametrize("kernels", ["auto", "portable"])
 def test_hybrid_greedy_matches_transformers_on_cuda(
     kernels: str, tmp_path: Path

@@ -24,27 +24,24 @@ from typing import Any
 import pytest
 
 from tests.conftest import REPO, child_env
-from tests.integration.test_e2e_emulation import req, run_spec
+from tests.integration import test_e2e_emulation as e2e
+from tests.integration.test_e2e_emulation import (
+    BLOCK_SIZE,
+    LONG_PROMPT,
+    PREFIX,
+    TOKEN_BUDGET,
+    req,
+    run_spec,
+)
 from vllm_kunlun.demo import DEFAULT_PROMPTS
 from vllm_kunlun.tiny_model import vocabulary, write_tiny_model
 from vllm_kunlun.tiny_qwen3_5 import TinyQwen3_5Spec
 
 pytestmark = pytest.mark.slow
 
-BLOCK_SIZE = 16
-TOKEN_BUDGET = 32
-LLM_ARGS = {
-    "dtype": "float32",
-    "max_model_len": 512,
-    "max_num_batched_tokens": TOKEN_BUDGET,
-    "max_num_seqs": 8,
-    "block_size": BLOCK_SIZE,
-    "enable_prefix_caching": True,
-    "enable_chunked_prefill": True,
-    # Few blocks: the pool cycles, so new requests get slots that held older states.
-    "num_gpu_blocks_override": 48,
-    "seed": 0,
-}
+# The Qwen3 e2e settings (32-token budget, 16-token blocks, prefix caching), with few
+# blocks: the pool cycles, so new requests get slots that held older states.
+LLM_ARGS = {**e2e.LLM_ARGS, "num_gpu_blocks_override": 48}
 GREEDY_TOKENS = 16
 
 _WORDS = [w for w in vocabulary() if w.isalpha()]
@@ -54,8 +51,6 @@ def _words(n: int, stride: int, offset: int) -> str:
     return " ".join(_WORDS[(stride * i + offset) % len(_WORDS)] for i in range(n))
 
 
-LONG_PROMPT = _words(100, 7, 0)
-PREFIX = _words(40, 5, 3)
 # Exactly three token budgets: its prefill ends a step on its own, and a 1-token prompt
 # queued behind it first runs in a decode-only batch, on a recycled state slot.
 BUDGETS_3 = _words(3 * TOKEN_BUDGET, 11, 1)

@@ -77,6 +77,15 @@ def _recurrent(route: Any, x: dict[str, Any], pool: torch.Tensor) -> torch.Tenso
     return out
 
 
+def _portable(x: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
+    """The portable recurrence on a copy of the pool: (output, pool after)."""
+    pool = x["pool"].clone()
+    out = gdn_portable.recurrent_gated_delta_rule(
+        x["q"], x["k"], x["v"], x["g"], x["beta"], 16**-0.5, pool, x["cu"], x["slots"]
+    )
+    return out, pool
+
+
 # ---- the choice -------------------------------------------------------------------------
 
 
@@ -173,18 +182,7 @@ def test_dispatch_binds_vllms_signature_and_runs_portable() -> None:
     x = _decode_inputs()
     pool = x["pool"].clone()
     out = _recurrent(route, x, pool)
-    expected_pool = x["pool"].clone()
-    expected = gdn_portable.recurrent_gated_delta_rule(
-        x["q"],
-        x["k"],
-        x["v"],
-        x["g"],
-        x["beta"],
-        16**-0.5,
-        expected_pool,
-        x["cu"],
-        x["slots"],
-    )
+    expected, expected_pool = _portable(x)
     assert torch.equal(out, expected) and torch.equal(pool, expected_pool)
     assert route.__wrapped__ is qwen3_next.fused_recurrent_gated_delta_rule
 
@@ -197,7 +195,7 @@ def test_vendor_decode_kernel_gets_the_declared_call_and_its_result_is_used(
         "fused_recurrent_gated_delta_rule", qwen3_next.fused_recurrent_gated_delta_rule
     )
     x = _decode_inputs(seed=1)
-    pool, portable_pool = x["pool"].clone(), x["pool"].clone()
+    pool = x["pool"].clone()
     out = _recurrent(route, x, pool)
     (call,) = fake_ops.CALLS
     assert call.name == "fused_recurrent_gated_delta_rule_fwdv2"
@@ -207,17 +205,7 @@ def test_vendor_decode_kernel_gets_the_declared_call_and_its_result_is_used(
     assert call.scalars["inplace_final_state"] is True
     assert torch.equal(call.tensors["h0_indices"], x["slots"])
     # The fake runs transformers' recurrence: the vendor path and portable agree.
-    expected = gdn_portable.recurrent_gated_delta_rule(
-        x["q"],
-        x["k"],
-        x["v"],
-        x["g"],
-        x["beta"],
-        16**-0.5,
-        portable_pool,
-        x["cu"],
-        x["slots"],
-    )
+    expected, portable_pool = _portable(x)
     torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(pool, portable_pool, atol=1e-5, rtol=1e-5)
 
