@@ -73,7 +73,8 @@ class TinyQwen3Spec:
 class TinySpec(Protocol):
     """What a tiny checkpoint kind provides (TinyQwen3Spec, tiny_qwen3_5's spec)."""
 
-    cache_name: str
+    @property
+    def cache_name(self) -> str: ...
 
     def marker(self) -> dict: ...
 
