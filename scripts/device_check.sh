@@ -70,9 +70,10 @@ fi
 step "patch_torch251 on this vLLM (CUDA graphs need torch.compile on torch 2.5.1)"
 "$PY" -m vllm_kunlun.cli patch apply 2>&1 | tee -a "$OUT/machine.txt" || status=1
 
-step "piecewise CUDA graphs equal eager; greedy equality (KunlunPlatform on CUDA)"
-timeout 240 "$PY" -m pytest -q -p no:cacheprovider -m device \
+step "piecewise CUDA graphs equal eager; greedy equality, KunlunPlatform on CUDA (TRITON_ATTN, the portable and vendor-seam backends; Qwen3.5 hybrid with vLLM's Triton and the portable GDN kernels)"
+timeout 300 "$PY" -m pytest -q -p no:cacheprovider -m device \
   tests/device/test_graphs_cuda.py tests/device/test_e2e_kunlun_cuda.py \
+  tests/device/test_hybrid_cuda.py \
   2>&1 | tail -80 | tee "$OUT/e2e_cuda.log" || status=1
 
 step "decode benchmark: 256 sequences, vocab 151,936, graphs on vs off"

@@ -84,9 +84,11 @@ def register_runtime_fixes() -> None:
             return
         from vllm_kunlun import input_guard
         from vllm_kunlun.guards import install as install_guards
+        from vllm_kunlun.models import register_models
         from vllm_kunlun.patching.runtime import apply_runtime_fixes
 
         apply_runtime_fixes()
+        register_models()
         # vLLM loads general plugins at the top of EngineArgs.__post_init__, before it
         # resolves the model path, and only from inside functions: arg_utils is fully
         # imported here, which the platform's __init__ cannot rely on.

@@ -15,7 +15,7 @@ if TYPE_CHECKING:
 
 logger = init_logger(__name__)
 
-WORKER_CLS = "vllm.v1.worker.gpu_worker.Worker"
+WORKER_CLS = "vllm_kunlun.worker.KunlunWorker"
 DEFAULT_BLOCK_SIZE = 16
 # Inductor fusion passes that need newer torch (pattern matcher features) or vllm._C
 # fused kernels; torch 2.5.1 on Kunlun runs none of them.
@@ -53,7 +53,12 @@ def apply_kunlun_defaults(vllm_config: VllmConfig) -> None:
     warn_if_general_plugin_filtered()
     parallel = vllm_config.parallel_config
     if parallel.worker_cls == "auto":
-        _set(parallel, "worker_cls", WORKER_CLS, "CUDA-compat GPU worker")
+        _set(
+            parallel,
+            "worker_cls",
+            WORKER_CLS,
+            "vLLM's CUDA-compat GPU worker, registering the plugin's models",
+        )
 
     cache = vllm_config.cache_config
     if cache is not None and cache.block_size is None:

@@ -101,10 +101,15 @@ def run_demo(
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
 
     from vllm_kunlun.serving_info import SERVING_INFO_METHOD, WORKER_EXTENSION
-    from vllm_kunlun.tiny_model import default_cache_dir, ensure_tiny_model
+    from vllm_kunlun.tiny_model import (
+        default_cache_dir,
+        ensure_tiny_model,
+        is_tiny_checkpoint,
+    )
 
-    tiny = model is None
-    model_dir = str(ensure_tiny_model(default_cache_dir())) if tiny else str(model)
+    # The tiny checkpoints (default, or one `vllm-kunlun tiny-model` wrote) are float32.
+    tiny = model is None or is_tiny_checkpoint(model)
+    model_dir = str(ensure_tiny_model(default_cache_dir()) if model is None else model)
 
     t0 = time.perf_counter()
     from vllm import LLM, SamplingParams

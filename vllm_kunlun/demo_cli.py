@@ -39,9 +39,24 @@ def add_parser(sub: Any) -> None:
 
     t = sub.add_parser(
         "tiny-model",
-        help="write the deterministic tiny Qwen3 checkpoint and tokenizer",
+        help="write a deterministic tiny checkpoint (Qwen3, or Qwen3.5 hybrid) and "
+        "tokenizer",
     )
     t.add_argument("directory", help="where to write it (created if needed)")
+    t.add_argument(
+        "--arch",
+        choices=("qwen3", "qwen3_5"),
+        default="qwen3",
+        help="qwen3: dense Qwen3 (default); qwen3_5: Qwen3.5 hybrid (Gated DeltaNet + "
+        "full attention)",
+    )
+    t.add_argument(
+        "--layout",
+        choices=("causal", "composite"),
+        default="causal",
+        help="qwen3_5 only: Qwen3_5ForCausalLM, or the vision-language composite "
+        "Qwen3_5ForConditionalGeneration (nested text_config, vision and MTP weights)",
+    )
     t.add_argument(
         "--quant",
         choices=("w8a8",),
@@ -54,15 +69,27 @@ def add_parser(sub: Any) -> None:
 def run_tiny_model_command(args: argparse.Namespace) -> int:
     from vllm_kunlun.tiny_model import checksum, write_tiny_model
 
-    if getattr(args, "quant", None) == "w8a8":
-        from vllm_kunlun.tiny_quant import write_tiny_w8a8
+    if args.arch == "qwen3_5":
+        from vllm_kunlun.tiny_qwen3_5 import ARCHITECTURES, TinyQwen3_5Spec
 
-        out = write_tiny_w8a8(args.directory)
-        kind = "tiny Qwen3 W8A8-INT8 (compressed-tensors, dynamic)"
+        if getattr(args, "quant", None) == "w8a8":
+            print("tiny-model: --quant w8a8 is written for --arch qwen3 only")
+            return 2
+        out = write_tiny_model(args.directory, TinyQwen3_5Spec(layout=args.layout))
+        what = f"tiny Qwen3.5 hybrid ({ARCHITECTURES[args.layout]})"
     else:
-        out = write_tiny_model(args.directory)
-        kind = "tiny Qwen3"
-    print(f"{kind} written to {out} (sha256 {checksum(out)[:16]})")
+        if args.layout != "causal":
+            print("tiny-model: --layout applies to --arch qwen3_5 only")
+            return 2
+        if getattr(args, "quant", None) == "w8a8":
+            from vllm_kunlun.tiny_quant import write_tiny_w8a8
+
+            out = write_tiny_w8a8(args.directory)
+            what = "tiny Qwen3 W8A8-INT8 (compressed-tensors, dynamic)"
+        else:
+            out = write_tiny_model(args.directory)
+            what = "tiny Qwen3"
+    print(f"{what} written to {out} (sha256 {checksum(out)[:16]})")
     return 0
 
 

@@ -10,6 +10,7 @@ Why, each measured on vLLM 0.15.1 + torch 2.5.1 without ``vllm._C``:
   seeded request with chunked prefill crashes on the CPU ("CPU Generator does not use
   offset"). Ours saves the generator state before sampling and restores it instead, so
   a seeded request draws the same tokens however its prompt was chunked.
+It also registers the plugin's models in the process that builds the model.
 Selected by the emulation platform as ``worker_cls``; removal: when vLLM's CPU runner
 handles CPU generators itself.
 """
@@ -23,6 +24,8 @@ import numpy as np
 import torch
 from vllm.v1.worker.cpu_model_runner import CPUModelRunner
 from vllm.v1.worker.cpu_worker import CPUWorker
+
+from vllm_kunlun.models import register_models
 
 
 class EmulationModelRunner(CPUModelRunner):
@@ -56,6 +59,11 @@ class EmulationModelRunner(CPUModelRunner):
 
 
 class EmulationWorker(CPUWorker):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        # vLLM resolves the model class in this process (see vllm_kunlun/models).
+        register_models()
+        super().__init__(*args, **kwargs)
+
     def init_device(self) -> None:
         from vllm.platforms import current_platform
         from vllm.utils.torch_utils import set_random_seed

@@ -169,6 +169,16 @@ _VARS: dict[str, EnvVar] = {
             "auto, vendor, portable",
         ),
         EnvVar(
+            "VLLM_KUNLUN_GDN",
+            _choice("auto", "vendor", "triton", "portable"),
+            "auto",
+            "Gated DeltaNet (Qwen3.5 / Qwen3-Next linear attention) kernels: auto "
+            "(vendor where kunlun_ops has the kernel and the tensors are on a device, "
+            "else vLLM's Triton kernels when Triton has an active driver, else "
+            "portable torch), vendor (fail if missing), triton, portable.",
+            "auto, vendor, triton, portable",
+        ),
+        EnvVar(
             "VLLM_KUNLUN_TP_SAMPLE_BROADCAST",
             _parse_optional_bool,
             None,
@@ -266,5 +276,6 @@ if TYPE_CHECKING:  # names for type checkers; values come from __getattr__
     VLLM_KUNLUN_SCHEMA_FIX: bool
     VLLM_KUNLUN_SAMPLER: str
     VLLM_KUNLUN_INT8_MM: str
+    VLLM_KUNLUN_GDN: str
     VLLM_KUNLUN_TP_SAMPLE_BROADCAST: bool | None
     VLLM_KUNLUN_PATCH_DIR: str | None

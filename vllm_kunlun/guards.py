@@ -119,7 +119,9 @@ def engine_budget(vllm_config: VllmConfig) -> Budget | None:
         return None
     shape = ModelShape.from_config(model_config.hf_config.to_dict())
     shape = dataclasses.replace(
-        shape, dtype=str(model_config.dtype).replace("torch.", "")
+        shape,
+        dtype=str(model_config.dtype).replace("torch.", ""),
+        block_size=int(getattr(cache, "block_size", None) or 0),
     ).with_mamba_cache_dtype(str(getattr(cache, "mamba_cache_dtype", "auto")))
     from vllm.platforms import current_platform
 

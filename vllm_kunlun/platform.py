@@ -106,9 +106,12 @@ class KunlunPlatformBase(Platform):
         # the model-path guard must be in place by then (see vllm_kunlun/guards.py).
         from vllm_kunlun import input_guard
         from vllm_kunlun.guards import install
+        from vllm_kunlun.models import register_models
 
         install()
         input_guard.install()
+        # ModelConfig resolves the architecture right after this hook.
+        register_models()
 
     # ---- vendor kernels ---------------------------------------------------------------
     @classmethod
@@ -246,6 +249,13 @@ class KunlunPlatformBase(Platform):
 
         if native.load():
             _point_vllm_weak_ref_at_native()
+
+    @classmethod
+    def support_hybrid_kv_cache(cls) -> bool:
+        # Hybrid models (Qwen3.5: GDN state + attention KV) need vLLM's hybrid KV cache
+        # manager; without it the engine refuses them ("failed to convert the KV cache
+        # specs to one unified type"). The state layout is device independent.
+        return True
 
     @classmethod
     def get_punica_wrapper(cls) -> str:

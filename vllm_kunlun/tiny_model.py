@@ -18,6 +18,7 @@ import math
 import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Protocol
 
 SEED = 20260815
 FORMAT_VERSION = 2  # 2: the tokenizer has a chat template (weights unchanged)
@@ -59,6 +60,30 @@ class TinyQwen3Spec:
     # None: the word list's size. Larger: the word list padded with <|extra_N|> tokens
     # (e.g. Qwen's 151,936 for benchmarks at a real vocabulary size).
     vocab_size: int | None = None
+
+    cache_name = "tiny-qwen3"
+
+    def marker(self) -> dict:
+        return {"seed": SEED, "format": FORMAT_VERSION, **_spec_fields(self)}
+
+    def config(self, vocab_size: int) -> dict:
+        return _config(self, vocab_size)
+
+    def weights(self, vocab_size: int) -> dict:
+        return _weights(self, vocab_size)
+
+
+class TinySpec(Protocol):
+    """What a tiny checkpoint kind provides (TinyQwen3Spec, tiny_qwen3_5's spec)."""
+
+    @property
+    def cache_name(self) -> str: ...
+
+    def marker(self) -> dict: ...
+
+    def config(self, vocab_size: int) -> dict: ...
+
+    def weights(self, vocab_size: int) -> dict: ...
 
 
 def _spec_fields(spec: TinyQwen3Spec) -> dict:
@@ -201,11 +226,25 @@ def _write_atomic(path: Path, data: bytes) -> None:
     os.replace(tmp, path)
 
 
+def write_tokenizer_files(out: Path, vocab: list[str]) -> None:
+    """The offline tokenizer every tiny checkpoint shares."""
+    _write_atomic(out / "tokenizer.json", _tokenizer_json(vocab).encode())
+    _write_atomic(out / "tokenizer_config.json", _dump(_tokenizer_config()))
+    _write_atomic(
+        out / "special_tokens_map.json",
+        _dump({k: v for k, v in _tokenizer_config().items() if k.endswith("_token")}),
+    )
+
+
+def _dump(obj: dict) -> bytes:
+    return (json.dumps(obj, indent=2, sort_keys=True) + "\n").encode()
+
+
 write_atomic = _write_atomic  # also used by tiny_quant
 
 
 def write_tiny_model(
-    directory: str | os.PathLike[str], spec: TinyQwen3Spec | None = None
+    directory: str | os.PathLike[str], spec: TinySpec | None = None
 ) -> Path:
     """Write the checkpoint and tokenizer into ``directory`` (created if needed).
 
@@ -217,31 +256,20 @@ def write_tiny_model(
     spec = spec or TinyQwen3Spec()
     out = Path(directory)
     out.mkdir(parents=True, exist_ok=True)
-    vocab = vocabulary(spec.vocab_size)
+    vocab = vocabulary(getattr(spec, "vocab_size", None))
 
-    def dump(obj: dict) -> bytes:
-        return (json.dumps(obj, indent=2, sort_keys=True) + "\n").encode()
-
-    _write_atomic(out / "config.json", dump(_config(spec, len(vocab))))
+    _write_atomic(out / "config.json", _dump(spec.config(len(vocab))))
     _write_atomic(
         out / "model.safetensors",
-        save(_weights(spec, len(vocab)), metadata={"format": "pt"}),
+        save(spec.weights(len(vocab)), metadata={"format": "pt"}),
     )
-    _write_atomic(out / "tokenizer.json", _tokenizer_json(vocab).encode())
-    _write_atomic(out / "tokenizer_config.json", dump(_tokenizer_config()))
-    _write_atomic(
-        out / "special_tokens_map.json",
-        dump({k: v for k, v in _tokenizer_config().items() if k.endswith("_token")}),
-    )
-    _write_atomic(
-        out / MARKER,
-        dump({"seed": SEED, "format": FORMAT_VERSION, **_spec_fields(spec)}),
-    )
+    write_tokenizer_files(out, vocab)
+    _write_atomic(out / MARKER, _dump(spec.marker()))
     return out
 
 
 def is_tiny_model(
-    directory: str | os.PathLike[str], spec: TinyQwen3Spec | None = None
+    directory: str | os.PathLike[str], spec: TinySpec | None = None
 ) -> bool:
     """True when ``directory`` holds a complete tiny model of this spec and format."""
     marker = Path(directory) / MARKER
@@ -249,12 +277,16 @@ def is_tiny_model(
         found = json.loads(marker.read_text())
     except (OSError, ValueError):
         return False
-    spec = spec or TinyQwen3Spec()
-    return found == {"seed": SEED, "format": FORMAT_VERSION, **_spec_fields(spec)}
+    return bool(found == (spec or TinyQwen3Spec()).marker())
+
+
+def is_tiny_checkpoint(directory: str | os.PathLike[str]) -> bool:
+    """True when ``directory`` holds a complete tiny checkpoint of any kind."""
+    return (Path(directory) / MARKER).is_file()
 
 
 def ensure_tiny_model(
-    directory: str | os.PathLike[str], spec: TinyQwen3Spec | None = None
+    directory: str | os.PathLike[str], spec: TinySpec | None = None
 ) -> Path:
     """Build the model into ``directory`` unless a complete one of this spec is in it."""
     if not is_tiny_model(directory, spec):
@@ -262,12 +294,13 @@ def ensure_tiny_model(
     return Path(directory)
 
 
-def default_cache_dir() -> Path:
-    """``$XDG_CACHE_HOME/vllm-kunlun/tiny-qwen3`` (``~/.cache`` when unset)."""
+def default_cache_dir(spec: TinySpec | None = None) -> Path:
+    """``$XDG_CACHE_HOME/vllm-kunlun/<kind>-v<format>`` (``~/.cache`` when unset)."""
+    spec = spec or TinyQwen3Spec()
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(
         os.path.expanduser("~"), ".cache"
     )
-    return Path(base) / "vllm-kunlun" / f"tiny-qwen3-v{FORMAT_VERSION}"
+    return Path(base) / "vllm-kunlun" / f"{spec.cache_name}-v{spec.marker()['format']}"
 
 
 def checksum(directory: str | os.PathLike[str]) -> str:

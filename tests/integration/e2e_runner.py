@@ -12,11 +12,17 @@ Spec: {"backend": "vllm" | "hf", "model": DIR, "llm": {LLM kwargs},
        "rank_probe": int (tensor parallel: seed each rank's RNG differently from this
                      base and record every rank's sampled tokens, see RankProbe),
        "jobs": [{"name": str, "requests": [{"prompt": str, "max_tokens": int,
-                 "sampling": {SamplingParams kwargs}}]}],
+                 "sampling": {SamplingParams kwargs}, "image": bool}],
+                 "expect_error": bool}],
        "hf_jobs": [jobs for a transformers greedy reference after the engine jobs],
+       "hf_also": {"model": DIR, "jobs": [...]} (a reference on another checkpoint),
+       "hf_cache": bool (reference decodes with transformers' cache, not recompute),
        "post": "module:function" run after the engine jobs with (spec, result)}
+A request with "image" carries a small image (multi_modal_data); a job with
+"expect_error" records the error vLLM raises for it instead of failing the run.
 Result: {"jobs": {name: [{"prompt_token_ids", "token_ids", "text",
-         "num_cached_tokens", "logprobs"}]}, "hf": {name: [...]}, "post": ...,
+         "num_cached_tokens", "logprobs"}] or [{"error": str | None}]},
+         "hf": {name: [...]}, "hf_also": {name: [...]}, "post": ...,
          "exponential_calls": [stack], "serving": [...],
          "ranks": [RankProbe records, one per rank], "error": str | None}
 """
@@ -120,9 +126,16 @@ def run_vllm(spec: dict[str, Any]) -> dict[str, Any]:
                 )
                 for r in requests
             ]
-            outputs = llm.generate(
-                [r["prompt"] for r in requests], params, use_tqdm=False
-            )
+            prompts = [_prompt(r) for r in requests]
+            if job.get("expect_error"):
+                try:
+                    llm.generate(prompts, params, use_tqdm=False)
+                    error = None
+                except Exception as exc:
+                    error = f"{type(exc).__name__}: {exc}"
+                result["jobs"][job["name"]] = [{"error": error}]
+                continue
+            outputs = llm.generate(prompts, params, use_tqdm=False)
             result["jobs"][job["name"]] = [
                 {
                     "prompt_token_ids": list(o.prompt_token_ids or []),
@@ -146,6 +159,8 @@ def run_vllm(spec: dict[str, Any]) -> dict[str, Any]:
             # transformers is already imported by vLLM: the reference costs only its
             # forward passes here.
             result["hf"] = run_hf({**spec, "jobs": spec["hf_jobs"]})["jobs"]
+        if spec.get("hf_also"):
+            result["hf_also"] = run_hf(spec["hf_also"])["jobs"]
     except Exception as exc:
         result["error"] = f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}"
     return result
@@ -159,6 +174,15 @@ def chosen_logprobs(completion: Any) -> list[float] | None:
         float(step[tok].logprob)
         for tok, step in zip(completion.token_ids, completion.logprobs, strict=True)
     ]
+
+
+def _prompt(request: dict[str, Any]) -> Any:
+    if not request.get("image"):
+        return request["prompt"]
+    from PIL import Image
+
+    image = Image.new("RGB", (32, 32), color=(200, 30, 30))
+    return {"prompt": request["prompt"], "multi_modal_data": {"image": image}}
 
 
 def run_hf(spec: dict[str, Any]) -> dict[str, Any]:
@@ -177,6 +201,20 @@ def run_hf(spec: dict[str, Any]) -> dict[str, Any]:
             ids = torch.tensor([prompt_ids])
             out: list[int] = []
             with torch.no_grad():
+                if spec.get("hf_cache"):
+                    # transformers' own cached decoding (its hybrid cache for Qwen3.5:
+                    # chunked prefill once, then the recurrent step per token).
+                    step = model(ids, use_cache=True)
+                    for _ in range(r["max_tokens"]):
+                        nxt = int(step.logits[0, -1].argmax())
+                        out.append(nxt)
+                        step = model(
+                            torch.tensor([[nxt]]),
+                            past_key_values=step.past_key_values,
+                            use_cache=True,
+                        )
+                    rows.append({"prompt_token_ids": prompt_ids, "token_ids": out})
+                    continue
                 for _ in range(r["max_tokens"]):
                     nxt = int(model(ids).logits[0, -1].argmax())
                     out.append(nxt)

@@ -58,6 +58,8 @@ cfg = EngineArgs(model=os.path.join(os.getcwd(), "hybrid"), skip_tokenizer_init=
                  tensor_parallel_size=8, max_num_seqs=256, gpu_memory_utilization=0.9,
                  mamba_cache_dtype="float32", swap_space=0).create_engine_config()
 out["hybrid_tp"] = cfg.parallel_config.tensor_parallel_size
+out["hybrid_block_size"] = cfg.cache_config.block_size
+out["hybrid_page_padded"] = cfg.cache_config.mamba_page_size_padded
 print("RESULT " + json.dumps(out))
 """
 
@@ -89,6 +91,10 @@ def test_engine_guards(tmp_path: Path) -> None:
     # The budget guard in check_and_update_config: same numbers as the doctor.
     assert res["hybrid_tp"] == 8
     assert "vllm-kunlun: memory budget: at --gpu-memory-utilization 0.90" in output
-    assert "linear-attention state (4.68 GiB for 256 seqs)" in output
+    # vLLM's own HybridAttentionMambaModelConfig pads each GDN page to one attention
+    # page of 400 tokens (409600 B); the guard counts the state the same way.
+    assert (res["hybrid_block_size"], res["hybrid_page_padded"]) == (400, 409_600)
+    assert "linear-attention state (4.69 GiB for 256 seqs)" in output
     assert "use --gpu-memory-utilization 0.88 (largest safe)" in output
-    assert "needed beside = 11.26 GiB > 9.60 GiB" in output
+    assert "needed beside = 11.27 GiB > 9.60 GiB" in output
+    assert "padded by vLLM to one attention page of 400 tokens = 409600 B" in output

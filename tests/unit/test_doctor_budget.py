@@ -8,6 +8,7 @@ Expected numbers are worked out by hand in the comments.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from pathlib import Path
@@ -54,7 +55,13 @@ NESTED = {
 #   conv      (4 - 1) x (2*16*128 + 48*128) / 8 = 3 x 1280 = 3840 elements
 #   recurrent 48 / 8 heads x 128 x 128          = 98304 elements
 STATE_ELEMS_PER_LAYER_TP8 = 102144
-FP32_STATE_256 = 256 * 48 * STATE_ELEMS_PER_LAYER_TP8 * 4  # 5_020_581_888 B = 4.68 GiB
+# vLLM pads each state page to one attention page (HybridAttentionMambaModelConfig):
+#   attention page per token at TP 8: K,V x max(1, 4 // 8) head x 256 x 2 B = 1024 B
+#   float32 page 102144 x 4 = 408576 B -> block 16 x ceil(408576 / (16 x 1024)) = 400
+#   tokens -> padded page 400 x 1024 = 409600 B (the issue's figure)
+#   bfloat16 page 204288 B -> block 16 x 13 = 208 tokens -> 212992 B
+FP32_PAGE_TP8, BF16_PAGE_TP8 = 409_600, 212_992
+FP32_STATE_256 = 256 * 48 * FP32_PAGE_TP8  # 5_033_164_800 B = 4.6875 GiB -> "4.69 GiB"
 SAMPLER_256 = 4 * 256 * 151936 * 4  # 622_329_856 B = 0.58 GiB
 
 
@@ -79,7 +86,9 @@ def test_shape_reads_both_config_styles() -> None:
     flat, nested = ModelShape.from_config(FLAT), ModelShape.from_config(NESTED)
     for s in (flat, nested):
         assert (s.num_layers, s.linear_layers, s.attention_layers) == (64, 48, 16)
-        assert s.state_bytes_per_seq(8) == 48 * STATE_ELEMS_PER_LAYER_TP8 * 2  # bf16
+        assert s.state_page_bytes(8) == STATE_ELEMS_PER_LAYER_TP8 * 2  # bf16
+        assert s.attention_block_size(8) == 208
+        assert s.state_bytes_per_seq(8) == 48 * BF16_PAGE_TP8
         # 16 layers x K,V x max(1, 4 // 8) head x 256 x 2 B
         assert s.kv_bytes_per_token(8) == 16 * 2 * 1 * 256 * 2
 
@@ -92,15 +101,27 @@ def test_state_shape_agrees_with_vllm() -> None:
     )
     per_layer = conv[0] * conv[1] + recurrent[0] * recurrent[1] * recurrent[2]
     shape = ModelShape.from_config(FLAT).with_mamba_cache_dtype("float32")
-    assert shape.state_bytes_per_seq(8) == 48 * per_layer * 4
+    assert shape.state_page_bytes(8) == per_layer * 4
+    assert shape.padded_state_page_bytes(8) == FP32_PAGE_TP8
+    assert shape.state_bytes_per_seq(8) == 48 * FP32_PAGE_TP8
+
+
+def test_a_larger_block_size_pads_more() -> None:
+    # --block-size 512 beats vLLM's 400: the page is one 512-token attention page.
+    shape = ModelShape.from_config(FLAT).with_mamba_cache_dtype("float32")
+    larger = dataclasses.replace(shape, block_size=512)
+    assert larger.padded_state_page_bytes(8) == 512 * 1024
+    assert dataclasses.replace(shape, block_size=16).padded_state_page_bytes(8) == (
+        FP32_PAGE_TP8
+    )
 
 
 def test_the_logs_oom_at_0_9_and_the_largest_safe_utilization(tmp_path: Path) -> None:
-    """TP 8, 256 seqs, float32 GDN state (4.68 GiB; the log reports 4.69 GiB).
+    """TP 8, 256 seqs, float32 GDN state: 4.69 GiB, the log's figure.
 
     beside the KV cache at 0.9: 0.1 x 96 GiB = 9.60 GiB
-    needed: 4.68 state + 0.58 sampler + 6.00 reserve = 11.26 GiB  -> warn
-    largest safe: floor((96 - 11.2554) / 96, 0.01) = floor(0.8827) = 0.88
+    needed: 4.6875 state + 0.58 sampler + 6.00 reserve = 11.27 GiB  -> warn
+    largest safe: floor((96 - 11.2671) / 96, 0.01) = floor(0.8826) = 0.88
     """
     model = _model_dir(tmp_path, FLAT)
     f = _check(
@@ -115,12 +136,16 @@ def test_the_logs_oom_at_0_9_and_the_largest_safe_utilization(tmp_path: Path) ->
     assert f.details["headroom_bytes"] == SAMPLER_256 + 6 * GIB
     assert f.details["weights_bytes"] == 3_500_000_000  # 28 GB / TP 8
     assert f.details["max_safe_utilization"] == 0.88
-    assert "leaves 9.60 GiB" in f.cause and "4.68 GiB for 256 seqs" in f.cause
+    assert "leaves 9.60 GiB" in f.cause and "4.69 GiB for 256 seqs" in f.cause
     assert f.fix.startswith("use --gpu-memory-utilization 0.88")
     arithmetic = "\n".join(f.details["arithmetic"])
     assert "vLLM budget = 0.90 x 96.00 GiB = 86.40 GiB" in arithmetic
     assert "KV cache <= budget - weights = 83.14 GiB" in arithmetic
-    assert "needed beside = 11.26 GiB > 9.60 GiB" in arithmetic
+    assert "needed beside = 11.27 GiB > 9.60 GiB" in arithmetic
+    assert (
+        "state page per GDN layer and sequence = 408576 B, padded by vLLM to one "
+        "attention page of 400 tokens = 409600 B" in arithmetic
+    )
 
 
 def test_0_75_worked_in_the_log(tmp_path: Path) -> None:
@@ -136,12 +161,36 @@ def test_0_75_worked_in_the_log(tmp_path: Path) -> None:
     assert "fit in 24.00 GiB" in f.cause
 
 
-def test_bf16_state_is_half(tmp_path: Path) -> None:
-    # 2.34 GiB state + 6.58 headroom = 8.92 GiB <= 9.60 GiB: fits at 0.9
+def test_bf16_state_pads_to_a_smaller_block(tmp_path: Path) -> None:
+    # 256 x 48 x 212992 B = 2.44 GiB state + 6.58 headroom = 9.02 GiB <= 9.60: fits
     model = _model_dir(tmp_path, NESTED)
     f = _check(model, tensor_parallel_size=8, max_num_seqs=256)
-    assert f.details["state_bytes"] == FP32_STATE_256 // 2
+    assert f.details["state_bytes"] == 256 * 48 * BF16_PAGE_TP8
     assert f.status == "ok", f
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "words"),
+    [
+        ("linear_num_value_heads", 0, "text_config.linear_num_value_heads = 0 is out"),
+        (
+            "linear_key_head_dim",
+            "128",
+            "text_config.linear_key_head_dim = '128' is not",
+        ),
+        ("num_hidden_layers", -1, "text_config.num_hidden_layers = -1 is out of range"),
+        ("layer_types", ["linear_attention"] * 3, "must list num_hidden_layers = 64"),
+    ],
+)
+def test_out_of_range_config_values_are_named(
+    tmp_path: Path, key: str, value: object, words: str
+) -> None:
+    model = _model_dir(
+        tmp_path, {**NESTED, "text_config": {**TEXT, key: value}}, weights_bytes=0
+    )
+    f = _check(model, tensor_parallel_size=8)
+    assert f.status == "fail" and words in f.cause, f
+    assert "config.json" in f.fix
 
 
 def test_nothing_fits_at_any_utilization(tmp_path: Path) -> None:

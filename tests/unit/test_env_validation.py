@@ -33,6 +33,7 @@ MALFORMED: dict[str, list[str]] = {
     "VLLM_KUNLUN_SCHEMA_FIX": ["-1"],
     "VLLM_KUNLUN_SAMPLER": ["fast", "cuda", ""],
     "VLLM_KUNLUN_INT8_MM": ["fast", "int8"],
+    "VLLM_KUNLUN_GDN": ["fla", "cuda"],
     "VLLM_KUNLUN_TP_SAMPLE_BROADCAST": ["2", "always"],
     "VLLM_KUNLUN_PATCH_DIR": ["/no/such/patch/set"],
 }
@@ -63,6 +64,7 @@ def test_platform_start_refuses_each_malformed_value(
     accepted_words = {  # and what it accepts
         "VLLM_KUNLUN_SAMPLER": "auto, vendor, portable",
         "VLLM_KUNLUN_INT8_MM": "auto, vendor, portable",
+        "VLLM_KUNLUN_GDN": "auto, vendor, triton, portable",
         "VLLM_KUNLUN_EMULATION_KV_CACHE_GIB": "positive number no larger than 1024",
         "VLLM_KUNLUN_PATCH_DIR": "existing directory",
     }.get(name, "1/0, true/false")

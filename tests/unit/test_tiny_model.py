@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 from safetensors.torch import load_file
 from tokenizers import Tokenizer
 
@@ -146,3 +147,103 @@ def test_large_vocabulary_pads_the_tokenizer(tmp_path: Path) -> None:
 def test_vocabulary_smaller_than_the_words_is_refused() -> None:
     with pytest.raises(ValueError, match="smaller than the tiny model's word list"):
         tiny_model.vocabulary(10)
+
+
+# ---- the tiny Qwen3.5 hybrid --------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def hybrid_dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    from vllm_kunlun.tiny_qwen3_5 import LAYOUTS, TinyQwen3_5Spec
+
+    root = tmp_path_factory.mktemp("tiny35")
+    return {
+        layout: tiny_model.write_tiny_model(
+            root / layout, TinyQwen3_5Spec(layout=layout)
+        )
+        for layout in LAYOUTS
+    }
+
+
+def test_hybrid_layouts_as_transformers_writes_them(
+    hybrid_dirs: dict[str, Path],
+) -> None:
+    causal = json.loads((hybrid_dirs["causal"] / "config.json").read_text())
+    composite = json.loads((hybrid_dirs["composite"] / "config.json").read_text())
+    assert causal["architectures"] == ["Qwen3_5ForCausalLM"]
+    assert causal["model_type"] == "qwen3_5_text"
+    assert composite["architectures"] == ["Qwen3_5ForConditionalGeneration"]
+    assert composite["model_type"] == "qwen3_5"
+    text = composite["text_config"]
+    assert (
+        text["layer_types"]
+        == causal["layer_types"]
+        == [
+            "linear_attention",
+            "linear_attention",
+            "linear_attention",
+            "full_attention",
+        ]
+    )
+    assert text["linear_num_value_heads"] > text["linear_num_key_heads"]  # GQA in GDN
+    assert text["rope_parameters"]["mrope_section"] == [2, 1, 1]
+
+
+def test_hybrid_layouts_share_their_text_weights(hybrid_dirs: dict[str, Path]) -> None:
+    causal = load_file(str(hybrid_dirs["causal"] / "model.safetensors"))
+    composite = load_file(str(hybrid_dirs["composite"] / "model.safetensors"))
+    text = {
+        k.replace("model.language_model.", "model."): v
+        for k, v in composite.items()
+        if k.startswith("model.language_model.") or k == "lm_head.weight"
+    }
+    assert text.keys() == causal.keys()
+    assert all(torch.equal(text[k], causal[k]) for k in causal)
+    extra = set(composite) - {k for k in composite if k.startswith("model.language_")}
+    assert any(k.startswith("model.visual.blocks.0.") for k in extra)
+    assert any(k.startswith("mtp.") for k in extra)
+    assert not causal["lm_head.weight"].equal(causal["model.embed_tokens.weight"])
+
+
+def test_transformers_loads_both_hybrid_layouts_completely(
+    hybrid_dirs: dict[str, Path],
+) -> None:
+    from transformers import Qwen3_5ForCausalLM, Qwen3_5ForConditionalGeneration
+
+    for layout, cls in (
+        ("causal", Qwen3_5ForCausalLM),
+        ("composite", Qwen3_5ForConditionalGeneration),
+    ):
+        _, info = cls.from_pretrained(
+            str(hybrid_dirs[layout]), dtype=torch.float32, output_loading_info=True
+        )
+        assert not any(info.values()), (layout, info)  # no missing/unexpected keys
+
+
+def test_hybrid_checkpoints_are_deterministic_and_kept_apart(
+    hybrid_dirs: dict[str, Path], tmp_path: Path
+) -> None:
+    from vllm_kunlun.tiny_qwen3_5 import TinyQwen3_5Spec
+
+    spec = TinyQwen3_5Spec(layout="composite")
+    again = tiny_model.write_tiny_model(tmp_path / "again", spec)
+    assert tiny_model.checksum(again) == tiny_model.checksum(hybrid_dirs["composite"])
+    assert tiny_model.is_tiny_model(again, spec)
+    assert not tiny_model.is_tiny_model(again)  # not the Qwen3 one
+    assert not tiny_model.is_tiny_model(again, TinyQwen3_5Spec(layout="causal"))
+    assert tiny_model.default_cache_dir(spec).name == "tiny-qwen3_5-composite-v1"
+    with pytest.raises(ValueError, match="layout 'vl' is not one of causal, composite"):
+        TinyQwen3_5Spec(layout="vl")
+
+
+def test_cli_writes_the_hybrid(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    from vllm_kunlun.tiny_qwen3_5 import TinyQwen3_5Spec
+
+    target = tmp_path / "h"
+    assert (
+        main(["tiny-model", str(target), "--arch", "qwen3_5", "--layout", "composite"])
+        == 0
+    )
+    assert tiny_model.is_tiny_model(target, TinyQwen3_5Spec(layout="composite"))
+    assert "Qwen3_5ForConditionalGeneration" in capsys.readouterr().out
+    assert main(["tiny-model", str(tmp_path / "q"), "--layout", "composite"]) == 2

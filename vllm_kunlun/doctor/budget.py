@@ -10,9 +10,13 @@ The model used here, per card:
   budget      U x D  -- what vLLM fills: weights + profiled activations + KV cache
   KV cache    U x D - weights (an upper bound: profiled activations also come out of it)
   beside it   (1 - U) x D must hold:
-     linear-attention state  max_num_seqs x sum over linear layers of
-                             conv (kernel-1) x conv_dim/TP + recurrent (v_heads/TP) x dk x dv,
-                             in vLLM's --mamba-cache-dtype (auto: the model dtype)
+     linear-attention state  max_num_seqs x linear layers x one state page, where a page
+                             is conv (kernel-1) x conv_dim/TP + recurrent (v_heads/TP) x
+                             dk x dv in vLLM's --mamba-cache-dtype (auto: the model dtype),
+                             padded as vLLM pads it (HybridAttentionMambaModelConfig): the
+                             attention block grows in steps of 16 tokens until one
+                             attention page holds a state page, and the state page is
+                             padded to exactly that attention page
      activation headroom     sampler buffers (4 float32 [max_num_seqs, vocab] tensors
                              in one sampling step) + a runtime reserve (Kunlun runtime,
                              collective buffers, allocator fragmentation)
@@ -36,6 +40,8 @@ from typing import Any
 from vllm_kunlun.doctor.finding import Context, Finding
 
 GIB = 1 << 30
+KERNEL_BLOCK_ALIGNMENT = 16
+"""vLLM pads hybrid attention blocks to multiples of 16 tokens (non-MLA backends)."""
 P800_MEMORY_BYTES = 96 * GIB
 """One P800 card: 103.1 GB (decimal) = 96 GiB."""
 DEFAULT_RESERVE_GIB = 6.0
@@ -80,6 +86,8 @@ class ModelShape:
     linear_conv_kernel_dim: int = 0
     state_dtype: str = ""
     """GDN state dtype (vLLM's --mamba-cache-dtype); empty: the model dtype ('auto')."""
+    block_size: int = 0
+    """Attention block size the engine was given (--block-size); 0: vLLM's choice."""
 
     @property
     def attention_layers(self) -> int:
@@ -101,18 +109,33 @@ class ModelShape:
 
     @classmethod
     def from_config(cls, config: Mapping[str, Any]) -> ModelShape:
+        """Read and range-check the dimensions; ``ConfigRangeError`` names a bad key."""
+        nested = "text_config" if config.get("text_config") else ""
         text = config.get("text_config") or config
         model_type = str(text.get("model_type") or config.get("model_type") or "")
-        n = int(text["num_hidden_layers"])
+
+        def positive(key: str, default: Any = None, minimum: int = 1) -> int:
+            return _config_int(text, key, nested, default, minimum)
+
+        n = positive("num_hidden_layers")
         types = text.get("layer_types")
         if types is None and model_type in _INTERVAL_DEFAULT_TYPES:
-            interval = int(text.get("full_attention_interval", 4))
+            interval = positive("full_attention_interval", 4)
             types = [
                 "linear_attention" if (i + 1) % interval else "full_attention"
                 for i in range(n)
             ]
+        if types is not None and (
+            len(types) != n
+            or not set(types) <= {"linear_attention", "full_attention", "attention"}
+        ):
+            raise ConfigRangeError(
+                f"config.json: {_key(nested, 'layer_types')} must list "
+                f"num_hidden_layers = {n} entries of 'linear_attention' / "
+                f"'full_attention', got {len(types)}: {sorted(set(map(str, types)))}"
+            )
         linear = sum(t == "linear_attention" for t in types or [])
-        heads = int(text["num_attention_heads"])
+        heads = positive("num_attention_heads")
         dtype = str(
             text.get("dtype")
             or text.get("torch_dtype")
@@ -122,14 +145,17 @@ class ModelShape:
         ).replace("torch.", "")
 
         def dim(key: str) -> int:
-            return int(text.get(key) or 0)
+            # Needed (and at least 1) only when the model has linear-attention layers.
+            return positive(key) if linear else int(text.get(key) or 0)
 
         return cls(
             model_type=model_type,
             num_layers=n,
             linear_layers=linear,
-            num_kv_heads=int(text.get("num_key_value_heads") or heads),
-            head_dim=int(text.get("head_dim") or int(text["hidden_size"]) // heads),
+            num_kv_heads=positive("num_key_value_heads", heads),
+            head_dim=positive("head_dim", None)
+            if text.get("head_dim")
+            else positive("hidden_size") // heads,
             vocab_size=int(text.get("vocab_size") or config.get("vocab_size") or 0),
             dtype=dtype,
             linear_num_key_heads=dim("linear_num_key_heads"),
@@ -145,8 +171,8 @@ class ModelShape:
         heads = max(1, self.num_kv_heads // tp)
         return 2 * self.attention_layers * heads * self.head_dim * self.dtype_bytes
 
-    def state_bytes_per_seq(self, tp: int) -> int:
-        """Gated-delta-net conv + recurrent state of one sequence on one card
+    def state_page_bytes(self, tp: int) -> int:
+        """One GDN layer's conv + recurrent state of one sequence on one card, unpadded
         (vLLM 0.15.1 MambaStateShapeCalculator.gated_delta_net_state_shape)."""
         if not self.linear_layers:
             return 0
@@ -160,7 +186,55 @@ class ModelShape:
             * self.linear_key_head_dim
             * self.linear_value_head_dim
         )
-        return self.linear_layers * (conv + recurrent) * self.state_dtype_bytes
+        return (conv + recurrent) * self.state_dtype_bytes
+
+    def attention_page_bytes_per_token(self, tp: int) -> int:
+        """K and V of one token in one attention layer on one card."""
+        return 2 * max(1, self.num_kv_heads // tp) * self.head_dim * self.dtype_bytes
+
+    def attention_block_size(self, tp: int) -> int:
+        """The attention block size vLLM settles on for this hybrid model
+        (HybridAttentionMambaModelConfig, mamba_cache_mode 'none' or 'align')."""
+        page, token = self.state_page_bytes(tp), self.attention_page_bytes_per_token(tp)
+        needed = KERNEL_BLOCK_ALIGNMENT * -(-page // (KERNEL_BLOCK_ALIGNMENT * token))
+        return max(needed, self.block_size)
+
+    def padded_state_page_bytes(self, tp: int) -> int:
+        """The state page as vLLM allocates it: padded to one attention page."""
+        page = self.state_page_bytes(tp)
+        if not page or not self.attention_layers:
+            return page
+        return max(
+            page,
+            self.attention_block_size(tp) * self.attention_page_bytes_per_token(tp),
+        )
+
+    def state_bytes_per_seq(self, tp: int) -> int:
+        """Gated-delta-net state of one sequence on one card, padding included."""
+        return self.linear_layers * self.padded_state_page_bytes(tp)
+
+
+class ConfigRangeError(ValueError):
+    """A model config value the budget cannot use (missing, not an integer, too small)."""
+
+
+def _key(nested: str, key: str) -> str:
+    return f"{nested}.{key}" if nested else key
+
+
+def _config_int(
+    section: Mapping[str, Any], key: str, nested: str, default: Any, minimum: int
+) -> int:
+    raw = section.get(key, default)
+    if isinstance(raw, bool) or not isinstance(raw, (int, float)) or raw != int(raw):
+        raise ConfigRangeError(
+            f"config.json: {_key(nested, key)} = {raw!r} is not an integer"
+        )
+    if int(raw) < minimum:
+        raise ConfigRangeError(
+            f"config.json: {_key(nested, key)} = {raw!r} is out of range (>= {minimum})"
+        )
+    return int(raw)
 
 
 @dataclass(frozen=True)
@@ -174,6 +248,10 @@ class Budget:
     state_bytes: int
     sampler_bytes: int
     reserve_bytes: int
+    state_page_bytes: int = 0
+    """One GDN layer's state of one sequence before vLLM's padding (0: no GDN)."""
+    padded_state_page_bytes: int = 0
+    attention_block_size: int = 0
 
     @property
     def budget_bytes(self) -> float:
@@ -223,6 +301,16 @@ class Budget:
             f"KV cache <= budget - weights = {gib(self.kv_bytes)} "
             f"(~{kv_tokens} tokens at {self.kv_bytes_per_token} B/token)",
             f"beside the KV cache = (1 - {u:.2f}) x {gib(d)} = {gib(self.beside_bytes)}",
+            *(
+                [
+                    f"state page per GDN layer and sequence = {self.state_page_bytes} B, "
+                    f"padded by vLLM to one attention page of "
+                    f"{self.attention_block_size} tokens = "
+                    f"{self.padded_state_page_bytes} B"
+                ]
+                if self.padded_state_page_bytes > self.state_page_bytes
+                else []
+            ),
             f"linear-attention state = {self.max_num_seqs} seqs x "
             f"{self.state_bytes // max(self.max_num_seqs, 1)} B = {gib(self.state_bytes)}",
             f"activation headroom = sampler {gib(self.sampler_bytes)} + reserve "
@@ -256,6 +344,11 @@ def estimate(
         state_bytes=max_num_seqs * shape.state_bytes_per_seq(tp),
         sampler_bytes=SAMPLER_BUFFERS * max_num_seqs * shape.vocab_size * 4,
         reserve_bytes=int(reserve_gib * GIB),
+        state_page_bytes=shape.state_page_bytes(tp),
+        padded_state_page_bytes=shape.padded_state_page_bytes(tp),
+        attention_block_size=shape.attention_block_size(tp)
+        if shape.linear_layers and shape.attention_layers
+        else 0,
     )
 
 
@@ -352,8 +445,17 @@ def check_kv_budget(ctx: Context) -> Finding:
         return Finding(
             "kv_budget", "skip", "needs a local model directory with config.json"
         )
-    config = read_config(verdict.path)
-    shape = ModelShape.from_config(config).with_mamba_cache_dtype(ctx.mamba_cache_dtype)
+    try:
+        config = read_config(verdict.path)
+        shape = ModelShape.from_config(config)
+    except ConfigRangeError as exc:
+        return Finding(
+            "kv_budget",
+            "fail",
+            str(exc),
+            "fix the model's config.json (it must describe the checkpoint's layers)",
+        )
+    shape = shape.with_mamba_cache_dtype(ctx.mamba_cache_dtype)
     device, device_source = device_memory_bytes(ctx.device_memory_bytes)
     tp = ctx.tensor_parallel_size
     weights, weights_source = weights_bytes_per_card(verdict.path, tp), "weight files"

@@ -83,6 +83,16 @@ VENDOR_CONTRACT: dict[str, dict[str, tuple[str, ...]]] = {
             "x_pc_max",
             "w_pc_max",
         ),
+        # vllm_kunlun/ops/gdn.py: the GDN decode recurrence; q, k, v, g, beta, scale
+        # and the state pool are passed positionally.
+        "fused_recurrent_gated_delta_rule_fwdv2": (
+            "inplace_final_state",
+            "cu_seqlens",
+            "h0_indices",
+            "num_accepted_tokens",
+            "use_qk_l2norm_in_kernel",
+            "is_h0_transposed",
+        ),
     },
     # torch custom ops (torch.ops.xspeedgate_ops.*, registered on import), called
     # positionally with vLLM's _C signatures: only their presence is checked.

@@ -1,0 +1,239 @@
+"""End to end in host emulation: the tiny Qwen3.5 hybrid (3 Gated DeltaNet layers + 1
+gated full-attention layer) through vLLM 0.15.1's engine and the plugin, greedy, token
+for token equal to transformers 5.2.0.
+
+Two engines, one per configuration (module-scoped):
+- ``composite``: the vision-language composite checkpoint (the log's layout), engine core
+  in this interpreter so the ``exponential_`` guard sees it; hybrid KV cache, chunked
+  prefill (32-token budget), prefix caching (vLLM's ``align`` mode, portable block copy),
+  a small block pool so that state slots are recycled between jobs, then transformers'
+  greedy reference in the same interpreter.
+- ``demo``: ``vllm-kunlun demo --model <tiny causal Qwen3.5> --in-process`` with
+  ``VLLM_PLUGINS=kunlun`` (no general plugin): the model is registered by the platform
+  hook and the worker, not by the general plugin. (The multiprocessing demo path is
+  covered by the Qwen3 e2e test; that the worker constructor registers, by a unit test.
+  In-process saves a second engine interpreter: about 30 s of this file's budget.)
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.conftest import REPO, child_env
+from tests.integration import test_e2e_emulation as e2e
+from tests.integration.test_e2e_emulation import (
+    BLOCK_SIZE,
+    LONG_PROMPT,
+    PREFIX,
+    TOKEN_BUDGET,
+    req,
+    run_spec,
+)
+from vllm_kunlun.demo import DEFAULT_PROMPTS
+from vllm_kunlun.tiny_model import vocabulary, write_tiny_model
+from vllm_kunlun.tiny_qwen3_5 import TinyQwen3_5Spec
+
+pytestmark = pytest.mark.slow
+
+# The Qwen3 e2e settings (32-token budget, 16-token blocks, prefix caching), with few
+# blocks: the pool cycles, so new requests get slots that held older states.
+LLM_ARGS = {**e2e.LLM_ARGS, "num_gpu_blocks_override": 48}
+GREEDY_TOKENS = 16
+
+_WORDS = [w for w in vocabulary() if w.isalpha()]
+
+
+def _words(n: int, stride: int, offset: int) -> str:
+    return " ".join(_WORDS[(stride * i + offset) % len(_WORDS)] for i in range(n))
+
+
+# Exactly three token budgets: its prefill ends a step on its own, and a 1-token prompt
+# queued behind it first runs in a decode-only batch, on a recycled state slot.
+BUDGETS_3 = _words(3 * TOKEN_BUDGET, 11, 1)
+
+GREEDY_JOBS = [
+    # Puts PREFIX's blocks (and their GDN states) into the prefix cache.
+    {"name": "warm_prefix", "requests": [req(PREFIX + " quick brown fox", 4)]},
+    {
+        # Six prompts under a 32-token budget: chunked prefills of the long ones share
+        # steps with the decodes of the short ones (mixed prefill/decode batches).
+        "name": "greedy",
+        "requests": [
+            req(p, GREEDY_TOKENS)
+            for p in (
+                "the quick brown fox jumps over the lazy dog",
+                "one two three",
+                LONG_PROMPT,
+                PREFIX + " red green blue",
+                PREFIX + " one two three four",
+                "kunlun",
+            )
+        ],
+    },
+    {"name": "one_token_alone", "requests": [req("night", GREEDY_TOKENS)]},
+    {
+        "name": "one_token_behind_long",
+        "requests": [req(BUDGETS_3, GREEDY_TOKENS), req("day", GREEDY_TOKENS)],
+    },
+]
+SEEDED = req(LONG_PROMPT, 12, temperature=0.8, top_k=5, seed=44)
+SEEDED_A = {
+    "name": "seeded_a",
+    "requests": [
+        SEEDED,
+        req("the quick brown fox", 12, temperature=1.0, seed=11),
+        req("the quick brown fox", 12, temperature=1.0, seed=12),
+        req("a long river", 12, temperature=1.0),  # no seed
+    ],
+}
+SEEDED_B = {  # the same seeded requests with other company, in another order
+    "name": "seeded_b",
+    "requests": [
+        req(_words(30, 3, 2), 12, temperature=1.0),
+        req("the quick brown fox", 12, temperature=1.0, seed=11),
+        SEEDED,
+    ],
+}
+IMAGE = {
+    "name": "image",
+    "expect_error": True,
+    "requests": [{**req("the quick brown fox", 4), "image": True}],
+}
+DEMO_TOKENS = 12
+DEMO = {"name": "demo", "requests": [req(p, DEMO_TOKENS) for p in DEFAULT_PROMPTS]}
+
+
+@pytest.fixture(scope="module")
+def work(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("e2e_hybrid")
+
+
+@pytest.fixture(scope="module")
+def checkpoints(work: Path) -> dict[str, str]:
+    return {
+        layout: str(write_tiny_model(work / layout, TinyQwen3_5Spec(layout=layout)))
+        for layout in ("causal", "composite")
+    }
+
+
+@pytest.fixture(scope="module")
+def composite(checkpoints: dict[str, str], work: Path) -> dict:
+    spec = {
+        "backend": "vllm",
+        "model": checkpoints["composite"],
+        "llm": LLM_ARGS,
+        "guard_exponential": True,
+        "jobs": [*GREEDY_JOBS, SEEDED_A, IMAGE, SEEDED_B],
+        "hf_jobs": GREEDY_JOBS,
+        "hf_cache": True,
+        # The demo serves the causal layout: its reference, from that checkpoint.
+        "hf_also": {"model": checkpoints["causal"], "jobs": [DEMO], "hf_cache": True},
+    }
+    return run_spec(spec, work, "composite", timeout=600)
+
+
+@pytest.fixture(scope="module")
+def demo(checkpoints: dict[str, str], work: Path) -> tuple[dict, str]:
+    out = work / "demo.json"
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "vllm_kunlun.cli",
+            "demo",
+            "--model",
+            checkpoints["causal"],
+            "--max-tokens",
+            str(DEMO_TOKENS),
+            "--in-process",
+            "--json-out",
+            str(out),
+        ],
+        # A plain CPU host; only the platform plugin is allowed.
+        env=child_env({"VLLM_PLUGINS": "kunlun"}, fakes=False),
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=REPO,
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:] + proc.stdout[-3000:]
+    return json.loads(out.read_text()), proc.stdout + proc.stderr
+
+
+def _rows(run: dict, job: str) -> list[dict[str, Any]]:
+    return run["jobs"][job]
+
+
+def test_greedy_matches_transformers_token_for_token(composite: dict) -> None:
+    hf = composite["hf"]
+    for job in GREEDY_JOBS:
+        name = job["name"]
+        for got, want in zip(_rows(composite, name), hf[name], strict=True):
+            assert got["prompt_token_ids"] == want["prompt_token_ids"]
+            assert got["token_ids"] == want["token_ids"], (name, got["text"])
+
+
+def test_the_reference_is_not_degenerate(composite: dict) -> None:
+    for row in composite["hf"]["greedy"]:
+        assert len(set(row["token_ids"])) >= GREEDY_TOKENS // 2, row
+
+
+def test_chunked_prefill_prefix_cache_and_one_token_prompts_were_exercised(
+    composite: dict,
+) -> None:
+    greedy = _rows(composite, "greedy")
+    assert len(greedy[2]["prompt_token_ids"]) > TOKEN_BUDGET  # prefilled in chunks
+    for row in greedy[3:5]:  # PREFIX + ...: at least two 16-token blocks reused
+        assert row["num_cached_tokens"] >= 2 * BLOCK_SIZE, row
+    long_row, one = _rows(composite, "one_token_behind_long")
+    assert len(long_row["prompt_token_ids"]) == 3 * TOKEN_BUDGET
+    assert len(one["prompt_token_ids"]) == 1
+    assert len(_rows(composite, "one_token_alone")[0]["prompt_token_ids"]) == 1
+
+
+def test_no_exponential_during_the_run(composite: dict) -> None:
+    assert composite["exponential_calls"] == []
+
+
+def test_seeded_sampling_is_reproducible_in_any_batch(composite: dict) -> None:
+    a, b = _rows(composite, "seeded_a"), _rows(composite, "seeded_b")
+    assert b[2]["token_ids"] == a[0]["token_ids"]  # the chunked long prompt
+    assert b[1]["token_ids"] == a[1]["token_ids"]
+    assert a[1]["token_ids"] != a[2]["token_ids"]  # another seed, other draws
+    greedy_fox = composite["hf"]["greedy"][0]["token_ids"][:12]
+    assert a[1]["token_ids"] != greedy_fox  # it samples
+
+
+def test_image_inputs_are_refused_and_the_engine_keeps_serving(composite: dict) -> None:
+    (row,) = _rows(composite, "image")
+    assert row["error"] is not None and "is not a multimodal model" in row["error"]
+    # SEEDED_B ran after the refusal.
+    assert len(_rows(composite, "seeded_b")) == len(SEEDED_B["requests"])
+
+
+def test_serving_path_is_the_plugins(composite: dict) -> None:
+    (info,) = composite["serving"]
+    assert info["platform"] == "vllm_kunlun.emulation.KunlunHostEmulationPlatform"
+    assert info["attention_impls"] == [
+        "vllm_kunlun.attention.backend.PortableAttentionImpl"
+    ]
+
+
+def test_demo_serves_the_causal_layout_without_the_general_plugin(
+    demo: tuple[dict, str], composite: dict
+) -> None:
+    report, log = demo
+    assert report["engine_mode"] == "in-process"
+    (info,) = report["serving"]
+    assert info["platform"].endswith("KunlunHostEmulationPlatform")
+    assert "VLLM_PLUGINS=kunlun does not include kunlun_runtime_fixes" in log
+    got = [g["token_ids"] for g in report["generations"]]
+    assert got == [row["token_ids"] for row in composite["hf_also"]["demo"]]
+    assert report["output_tokens"] == DEMO_TOKENS * len(DEFAULT_PROMPTS)
+    assert "GDN kernel chunk_gated_delta_rule on cpu: portable" in log

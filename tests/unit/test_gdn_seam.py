@@ -1,0 +1,266 @@
+"""The GDN kernel seam (vllm_kunlun/ops/gdn.py): which kernel runs, and why, per op.
+
+Calls go through ``dispatcher(op, vllm_function)`` with vLLM 0.15.1's own kernels as the
+"Triton" originals, so the seam binds the arguments exactly as ``qwen3_next`` passes
+them. The vendor path runs against tests/fakes/kunlun_ops (transformers' recurrence
+behind the vendor signature); no tensor is ever put on a device (``CUDA`` is a label).
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from vllm.model_executor.models import qwen3_next
+
+from vllm_kunlun.ops import gdn, gdn_portable
+from vllm_kunlun.ops.contract import VENDOR_CONTRACT
+
+CUDA = torch.device("cuda", 0)
+CPU = torch.device("cpu")
+
+
+@pytest.fixture(autouse=True)
+def fresh_choices(monkeypatch: pytest.MonkeyPatch) -> Any:
+    monkeypatch.delenv("VLLM_KUNLUN_GDN", raising=False)
+    gdn.reset()
+    yield
+    gdn.reset()
+
+
+@pytest.fixture
+def fake_ops(fake_vendor_path: Path) -> Any:
+    import kunlun_ops
+
+    kunlun_ops.reset()
+    return kunlun_ops
+
+
+@pytest.fixture
+def no_vendor(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "kunlun_ops", None)  # import fails
+
+
+def _decode_inputs(seed: int = 0) -> dict[str, Any]:
+    gen = torch.Generator().manual_seed(seed)
+    n, h, hv, dk, dv = 3, 2, 4, 16, 8
+    return {
+        "q": torch.randn(1, n, h, dk, generator=gen),
+        "k": torch.randn(1, n, h, dk, generator=gen),
+        "v": torch.randn(1, n, hv, dv, generator=gen),
+        "g": -torch.rand(1, n, hv, generator=gen),
+        "beta": torch.rand(1, n, hv, generator=gen),
+        "pool": torch.randn(6, hv, dk, dv, generator=gen),
+        "cu": torch.arange(n + 1, dtype=torch.int32),
+        "slots": torch.tensor([4, 1, 2], dtype=torch.int32),
+    }
+
+
+def _recurrent(route: Any, x: dict[str, Any], pool: torch.Tensor) -> torch.Tensor:
+    # As Qwen3NextGatedDeltaNet._forward_core calls it on the decode path.
+    out, final = route(
+        q=x["q"],
+        k=x["k"],
+        v=x["v"],
+        g=x["g"],
+        beta=x["beta"],
+        initial_state=pool,
+        inplace_final_state=True,
+        cu_seqlens=x["cu"],
+        ssm_state_indices=x["slots"],
+        use_qk_l2norm_in_kernel=True,
+    )
+    assert final is pool
+    return out
+
+
+def _portable(x: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
+    """The portable recurrence on a copy of the pool: (output, pool after)."""
+    pool = x["pool"].clone()
+    out = gdn_portable.recurrent_gated_delta_rule(
+        x["q"], x["k"], x["v"], x["g"], x["beta"], 16**-0.5, pool, x["cu"], x["slots"]
+    )
+    return out, pool
+
+
+# ---- the choice -------------------------------------------------------------------------
+
+
+def test_cpu_tensors_use_the_portable_kernels(fake_ops: Any) -> None:
+    for op in gdn.OPS:
+        choice = gdn.choose(op, CPU)
+        assert (choice.name, choice.reason) == (
+            "portable",
+            "the tensors are on the CPU",
+        )
+
+
+def test_auto_uses_the_vendor_decode_kernel_on_a_device(fake_ops: Any) -> None:
+    choice = gdn.choose("fused_recurrent_gated_delta_rule", CUDA)
+    assert choice.name == "vendor"
+    assert (
+        "kunlun_ops.fused_recurrent_gated_delta_rule_fwdv2 is available"
+        in choice.reason
+    )
+    # No vendor kernel is wired for the prefill ops; without Triton they are portable.
+    chunk = gdn.choose("chunk_gated_delta_rule", CUDA)
+    assert chunk.name == "portable"
+    assert "no vendor kernel is wired for chunk_gated_delta_rule" in chunk.reason
+    assert "Triton has no active driver" in chunk.reason
+
+
+def test_auto_prefers_triton_over_portable_when_it_has_a_driver(
+    no_vendor: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(gdn, "triton_driver", lambda: (True, "Triton has a driver"))
+    choice = gdn.choose("fused_recurrent_gated_delta_rule", CUDA)
+    assert choice.name == "triton"
+    assert choice.reason.startswith("Triton has a driver; kunlun_ops is not importable")
+
+
+def test_explicit_modes(fake_ops: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("VLLM_KUNLUN_GDN", "portable")
+    assert gdn.choose("fused_recurrent_gated_delta_rule", CUDA).name == "portable"
+    gdn.reset()
+    monkeypatch.setenv("VLLM_KUNLUN_GDN", "vendor")
+    assert gdn.choose("fused_recurrent_gated_delta_rule", CPU).name == "vendor"
+    assert gdn.choose("causal_conv1d_fn", CPU).name == "portable"
+
+
+def test_vendor_mode_without_the_kernel_names_the_fix(
+    no_vendor: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("VLLM_KUNLUN_GDN", "vendor")
+    with pytest.raises(RuntimeError, match="VLLM_KUNLUN_GDN=auto") as err:
+        gdn.choose("fused_recurrent_gated_delta_rule", CUDA)
+    assert "kunlun_ops is not importable" in str(err.value)
+
+
+def test_triton_mode_without_a_driver_names_the_fix(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("VLLM_KUNLUN_GDN", "triton")
+    with pytest.raises(RuntimeError, match="Triton has no active driver"):
+        gdn.choose("chunk_gated_delta_rule", CUDA)
+
+
+def test_a_bad_mode_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("VLLM_KUNLUN_GDN", "fla")
+    with pytest.raises(ValueError, match="VLLM_KUNLUN_GDN='fla' is not valid"):
+        gdn.choose("chunk_gated_delta_rule", CPU)
+
+
+def test_each_choice_is_logged_once(
+    fake_ops: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    import logging
+
+    caplog.set_level(logging.INFO, logger="vllm")
+    meta = torch.device("meta")  # a device no other test logs a choice for
+    for _ in range(3):
+        gdn.reset()
+        gdn.choose("causal_conv1d_update", meta)
+    lines = [
+        r.getMessage()
+        for r in caplog.records
+        if "GDN kernel causal_conv1d_update on meta" in r.getMessage()
+    ]
+    assert len(lines) == 1
+    assert ": portable (" in lines[0] and "no vendor kernel is wired" in lines[0]
+
+
+# ---- the calls --------------------------------------------------------------------------
+
+
+def test_dispatch_binds_vllms_signature_and_runs_portable() -> None:
+    route = gdn.dispatcher(
+        "fused_recurrent_gated_delta_rule", qwen3_next.fused_recurrent_gated_delta_rule
+    )
+    x = _decode_inputs()
+    pool = x["pool"].clone()
+    out = _recurrent(route, x, pool)
+    expected, expected_pool = _portable(x)
+    assert torch.equal(out, expected) and torch.equal(pool, expected_pool)
+    assert route.__wrapped__ is qwen3_next.fused_recurrent_gated_delta_rule
+
+
+def test_vendor_decode_kernel_gets_the_declared_call_and_its_result_is_used(
+    fake_ops: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("VLLM_KUNLUN_GDN", "vendor")
+    route = gdn.dispatcher(
+        "fused_recurrent_gated_delta_rule", qwen3_next.fused_recurrent_gated_delta_rule
+    )
+    x = _decode_inputs(seed=1)
+    pool = x["pool"].clone()
+    out = _recurrent(route, x, pool)
+    (call,) = fake_ops.CALLS
+    assert call.name == "fused_recurrent_gated_delta_rule_fwdv2"
+    declared = VENDOR_CONTRACT["kunlun_ops"][call.name]
+    assert set(declared) <= set(call.scalars) | set(call.tensors)
+    assert call.scalars["is_h0_transposed"] is True  # vLLM's [slots, HV, K, V] pool
+    assert call.scalars["inplace_final_state"] is True
+    assert torch.equal(call.tensors["h0_indices"], x["slots"])
+    # The fake runs transformers' recurrence: the vendor path and portable agree.
+    expected, portable_pool = _portable(x)
+    torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(pool, portable_pool, atol=1e-5, rtol=1e-5)
+
+
+def test_a_failing_triton_kernel_falls_back_to_portable_once_with_a_warning(
+    no_vendor: None, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    import logging
+
+    caplog.set_level(logging.WARNING, logger="vllm")
+    calls = []
+
+    def triton_kernel(A_log, a, b, dt_bias, beta=1.0, threshold=20.0):  # type: ignore[no-untyped-def]
+        calls.append(1)
+        raise RuntimeError("cannot compile for this device")
+
+    monkeypatch.setattr(gdn, "triton_driver", lambda: (True, "Triton has a driver"))
+    monkeypatch.setattr(gdn, "_device_of", lambda arguments: CUDA)  # a device label
+    route = gdn.dispatcher("fused_gdn_gating", triton_kernel)
+    args = (torch.randn(4), torch.randn(5, 4), torch.randn(5, 4), torch.randn(4))
+    for _ in range(2):
+        g, beta = route(*args)
+        expected_g, expected_beta = gdn_portable.gdn_gating(*args)
+        assert torch.equal(g, expected_g) and torch.equal(beta, expected_beta)
+    assert calls == [1]  # not retried after the failure
+    (warning,) = [
+        r for r in caplog.records if "fused_gdn_gating failed" in r.getMessage()
+    ]
+    assert "cannot compile for this device" in warning.getMessage()
+    assert gdn.choose("fused_gdn_gating", CUDA).name == "portable"
+
+
+def test_speculative_decode_inputs_are_refused_clearly() -> None:
+    route = gdn.dispatcher(
+        "fused_recurrent_gated_delta_rule", qwen3_next.fused_recurrent_gated_delta_rule
+    )
+    x = _decode_inputs()
+    with pytest.raises(NotImplementedError, match="speculative decoding"):
+        route(
+            x["q"],
+            x["k"],
+            x["v"],
+            x["g"],
+            x["beta"],
+            None,
+            x["pool"],
+            True,
+            x["cu"],
+            x["slots"].view(3, 1).expand(3, 2),
+            torch.ones(3, dtype=torch.int32),
+            True,
+        )
+
+
+def test_every_vendor_call_is_declared_in_the_contract() -> None:
+    declared = VENDOR_CONTRACT[gdn.VENDOR_MODULE]
+    for function in gdn.VENDOR_FUNCTIONS.values():
+        assert function in declared

@@ -1,0 +1,307 @@
+"""The hybrid-model runtime patches (vllm_kunlun/models/patches.py), one by one, on the
+real vLLM 0.15.1 objects they replace: applied, doing their job, checked, reverted."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+import torch
+from vllm.config import DeviceConfig, VllmConfig
+from vllm.model_executor.layers.mamba.mamba_utils import MambaStateCopyFuncCalculator
+from vllm.model_executor.models import qwen3_next
+from vllm.v1.attention.backend import CommonAttentionMetadata
+from vllm.v1.attention.backends import gdn_attn
+from vllm.v1.kv_cache_interface import MambaSpec
+from vllm.v1.worker import mamba_utils
+
+from vllm_kunlun.models import patches
+from vllm_kunlun.ops import gdn
+from vllm_kunlun.patching.attribute import PatchMismatch
+
+
+@pytest.fixture
+def clean() -> Iterator[None]:
+    patches.revert_all()
+    yield
+    patches.revert_all()
+
+
+# ---- kunlun_gdn_kernels -------------------------------------------------------------------
+
+
+def test_kernel_names_route_through_the_seam_and_revert(clean: None) -> None:
+    originals = {op: getattr(qwen3_next, op) for op in gdn.OPS}
+    assert patches._apply_group(patches.KERNEL_PATCHES)
+    for op, original in originals.items():
+        routed = getattr(qwen3_next, op)
+        assert routed is not original and routed.__wrapped__ is original
+    assert not patches._apply_group(patches.KERNEL_PATCHES)  # idempotent
+    patches.revert_all()
+    assert {op: getattr(qwen3_next, op) for op in gdn.OPS} == originals
+
+
+def test_a_changed_kernel_signature_is_named() -> None:
+    patch = patches.KERNEL_PATCHES[list(gdn.OPS).index("chunk_gated_delta_rule")]
+    assert patch.mismatch() is None  # vLLM 0.15.1
+
+    def chunk_gated_delta_rule(q, k, v, g, beta, scale=None):  # type: ignore[no-untyped-def]
+        return q
+
+    problem = patch.check(qwen3_next, chunk_gated_delta_rule)
+    assert problem is not None and "qwen3_next.chunk_gated_delta_rule takes" in problem
+
+
+def test_a_layer_that_stops_calling_the_kernel_is_named() -> None:
+    patch = patches.KERNEL_PATCHES[0]
+
+    class Layer:
+        def _forward_core(self) -> None:
+            return None
+
+    module = SimpleNamespace(Qwen3NextGatedDeltaNet=Layer)
+    problem = patch.check(module, getattr(qwen3_next, patch.attr))  # type: ignore[arg-type]
+    assert problem == (
+        f"Qwen3NextGatedDeltaNet._forward_core no longer calls {patch.attr} by its "
+        "module-level name"
+    )
+
+
+# ---- kunlun_gdn_new_request_state ---------------------------------------------------------
+
+CONV_SHAPE, SSM_SHAPE = (3, 8), (2, 4, 4)
+
+
+def _builder(cls: type, layers: dict[str, Any]) -> Any:
+    config = VllmConfig(device_config=DeviceConfig(device="cpu"))
+    config.compilation_config.static_forward_context.update(layers)
+    spec = MambaSpec(
+        shapes=(CONV_SHAPE, SSM_SHAPE),
+        dtypes=(torch.float32, torch.float32),
+        block_size=16,
+        mamba_type="gdn_attention",
+        mamba_cache_mode="none",
+    )
+    return cls(spec, list(layers), config, torch.device("cpu"))
+
+
+def _layers(num_slots: int = 6) -> dict[str, Any]:
+    gen = torch.Generator().manual_seed(0)
+    return {
+        f"model.layers.{i}.linear_attn": SimpleNamespace(
+            kv_cache=[
+                [
+                    torch.randn(num_slots, *CONV_SHAPE, generator=gen) + 5,
+                    torch.randn(num_slots, *SSM_SHAPE, generator=gen) + 5,
+                ]
+            ]
+        )
+        for i in range(2)
+    }
+
+
+def _metadata(query_lens: list[int], computed: list[int], slots: list[int]) -> Any:
+    qsl = torch.tensor(
+        [0, *torch.tensor(query_lens).cumsum(0).tolist()], dtype=torch.int32
+    )
+    computed_t = torch.tensor(computed, dtype=torch.int32)
+    seq_lens = computed_t + torch.tensor(query_lens, dtype=torch.int32)
+    return CommonAttentionMetadata(
+        query_start_loc=qsl,
+        query_start_loc_cpu=qsl.clone(),
+        seq_lens=seq_lens,
+        num_reqs=len(query_lens),
+        num_actual_tokens=int(qsl[-1]),
+        max_query_len=max(query_lens),
+        max_seq_len=int(seq_lens.max()),
+        block_table_tensor=torch.tensor(slots, dtype=torch.int32)[:, None],
+        slot_mapping=torch.zeros(int(qsl[-1]), dtype=torch.int64),
+        _num_computed_tokens_cpu=computed_t.clone(),
+    )
+
+
+def _states(layers: dict[str, Any]) -> list[torch.Tensor]:
+    return [t.clone() for layer in layers.values() for t in layer.kv_cache[0]]
+
+
+def test_vllms_builder_leaves_a_fresh_decode_on_a_stale_slot(clean: None) -> None:
+    """The bug: a decode-only batch with a new 1-token request sets no initial-state
+    flags, so the request reads whatever its recycled slot holds."""
+    layers = _layers()
+    assert not patches.BUILDER_PATCH.applied()
+    builder = _builder(gdn_attn.GDNAttentionMetadataBuilder, layers)
+    before = _states(layers)
+    metadata = builder.build(0, _metadata([1, 1], [7, 0], [2, 4]))
+    assert (metadata.num_decodes, metadata.num_prefills) == (2, 0)
+    assert metadata.has_initial_state is None
+    assert all(torch.equal(a, b) for a, b in zip(before, _states(layers), strict=True))
+
+
+def test_a_fresh_decode_starts_from_zero_state(clean: None) -> None:
+    patches.BUILDER_PATCH.apply()
+    cls = gdn_attn.GDNAttentionMetadataBuilder
+    assert cls.__name__ == "StateResettingGDNMetadataBuilder"
+    assert issubclass(cls, patches.BUILDER_PATCH._original)
+    assert gdn_attn.GDNAttentionBackend.get_builder_cls() is cls
+    layers = _layers()
+    before = _states(layers)
+    # rows: a running decode (slot 2), a new 1-token prompt (slot 4), a decode (slot 1)
+    metadata = _metadata([1, 1, 1], [7, 0, 3], [2, 4, 1])
+    _builder(cls, layers).build(0, metadata)
+    after = _states(layers)
+    for old, new in zip(before, after, strict=True):
+        assert torch.count_nonzero(new[4]) == 0  # the fresh request's slot, every layer
+        for slot in (0, 1, 2, 3, 5):
+            assert torch.equal(old[slot], new[slot])
+
+
+def test_batches_with_a_prefill_are_left_to_has_initial_state(clean: None) -> None:
+    patches.BUILDER_PATCH.apply()
+    layers = _layers()
+    before = _states(layers)
+    metadata = _builder(gdn_attn.GDNAttentionMetadataBuilder, layers).build(
+        0, _metadata([1, 1, 5], [7, 0, 0], [2, 4, 1])
+    )
+    assert metadata.num_prefills > 0
+    assert metadata.has_initial_state.tolist() == [True, False, False]
+    assert all(torch.equal(a, b) for a, b in zip(before, _states(layers), strict=True))
+
+
+def test_the_builder_patch_checks_its_target() -> None:
+    assert patches.BUILDER_PATCH.mismatch() is None
+
+    class Builder:
+        def build(self, common_prefix_len, common_attn_metadata):  # type: ignore[no-untyped-def]
+            return None
+
+    problem = patches.BUILDER_PATCH.check(gdn_attn, Builder)
+    assert problem is not None and "GDNAttentionMetadataBuilder.build takes" in problem
+
+
+# ---- kunlun_mamba_copy_block --------------------------------------------------------------
+
+
+def _copy_world() -> tuple[list[torch.Tensor], Any, Any, dict[str, Any]]:
+    gen = torch.Generator().manual_seed(1)
+    # One raw buffer holding both states of every block, as vLLM lays them out.
+    raw = torch.randn(10 * (3 * 8 + 2 * 4 * 4), generator=gen)
+    per_block = raw.view(10, -1)
+    conv = per_block[:, :24].view(10, 3, 8)
+    ssm = per_block[:, 24:].view(10, 2, 4, 4)
+    config = SimpleNamespace(kv_cache_groups=[SimpleNamespace(layer_names=["l0"])])
+    request = SimpleNamespace(block_ids=([3, 5, 7],))
+    context = {"l0": SimpleNamespace(kv_cache=[[conv, ssm]])}
+    return [conv, ssm], config, request, context
+
+
+def _copy(src_idx: int, dest_idx: int, bias: int) -> tuple[list, list]:
+    states, config, request, context = _copy_world()
+    before = [s.clone() for s in states]
+    funcs = MambaStateCopyFuncCalculator.gated_delta_net_state_copy_func()
+    src: list[Any] = []
+    dst: list[Any] = []
+    sizes: list[int] = []
+    mamba_utils.collect_mamba_copy_meta(
+        src, dst, sizes, config, funcs, [0], src_idx, dest_idx, bias, request, context
+    )
+    mamba_utils.do_mamba_copy_block(src, dst, sizes)
+    return before, states
+
+
+def test_block_copy_moves_the_running_state(clean: None) -> None:
+    patches._apply_group(patches.COPY_PATCHES)
+    (conv0, ssm0), (conv, ssm) = _copy(src_idx=0, dest_idx=2, bias=0)
+    # get_conv_copy_spec / get_temporal_copy_spec with one accepted token: block 3 -> 7.
+    assert torch.equal(conv[7], conv0[3]) and torch.equal(ssm[7], ssm0[3])
+    for block in set(range(10)) - {7}:
+        assert torch.equal(conv[block], conv0[block])
+        assert torch.equal(ssm[block], ssm0[block])
+
+
+def test_block_copy_honours_accepted_token_offsets(clean: None) -> None:
+    patches._apply_group(patches.COPY_PATCHES)
+    (conv0, ssm0), (conv, ssm) = _copy(src_idx=0, dest_idx=2, bias=1)
+    # Two accepted tokens: conv rows from index 1 of block 3 land at the start of
+    # block 7; the SSM state comes from the next block (5).
+    assert torch.equal(conv[7].flatten()[:16], conv0[3, 1:].flatten())
+    assert torch.equal(conv[7].flatten()[16:], conv0[7].flatten()[16:])
+    assert torch.equal(ssm[7], ssm0[5])
+
+
+def test_same_block_without_offset_copies_nothing(clean: None) -> None:
+    patches._apply_group(patches.COPY_PATCHES)
+    (conv0, ssm0), (conv, ssm) = _copy(src_idx=1, dest_idx=1, bias=0)
+    assert torch.equal(conv, conv0) and torch.equal(ssm, ssm0)
+
+
+def test_vllms_block_copy_needs_triton_and_cuda_here() -> None:
+    states = _copy_world()[0]
+    with pytest.raises(Exception):  # noqa: B017  (no CUDA / no Triton driver here)
+        mamba_utils.do_mamba_copy_block(
+            [states[0][3].data_ptr()], [states[0][7].data_ptr()], [96]
+        )
+
+
+def test_byte_views_stay_inside_the_state() -> None:
+    state = torch.zeros(4, 8)
+    with pytest.raises(ValueError, match="outside the state's storage"):
+        patches.byte_view(state, state.data_ptr() + 120, 16)
+
+
+def test_the_copy_patches_check_their_callers() -> None:
+    for patch in patches.COPY_PATCHES:
+        assert patch.mismatch() is None
+    stub = SimpleNamespace(
+        preprocess_mamba=lambda: None, postprocess_mamba=lambda: None
+    )
+    original = getattr(mamba_utils, patches.COPY_PATCHES[1].attr)
+    problem = patches.COPY_PATCHES[1].check(stub, original)  # type: ignore[arg-type]
+    assert (
+        problem
+        == "preprocess_mamba no longer calls do_mamba_copy_block by its module-level name"
+    )
+
+
+# ---- applying ---------------------------------------------------------------------------
+
+
+def test_apply_all_is_idempotent_and_reverts(clean: None) -> None:
+    before = (gdn_attn.GDNAttentionMetadataBuilder, mamba_utils.do_mamba_copy_block)
+    assert patches.apply_all() == [
+        patches.GDN_KERNELS,
+        patches.NEW_REQUEST_STATE,
+        patches.MAMBA_COPY,  # no Triton driver on this host
+    ]
+    assert patches.apply_all() == []
+    assert sorted(patches.applied()) == sorted(patches.PATCH_GROUPS)
+    patches.revert_all()
+    assert (
+        gdn_attn.GDNAttentionMetadataBuilder,
+        mamba_utils.do_mamba_copy_block,
+    ) == before
+    assert patches.applied() == []
+
+
+def test_the_triton_copy_stays_where_triton_runs(
+    clean: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("VLLM_KUNLUN_GDN", raising=False)
+    monkeypatch.setattr(gdn, "triton_driver", lambda: (True, "Triton has a driver"))
+    assert patches.MAMBA_COPY not in patches.apply_all()
+    monkeypatch.setenv("VLLM_KUNLUN_GDN", "portable")
+    assert patches.apply_all() == [patches.MAMBA_COPY]
+
+
+def test_a_mismatch_applies_nothing_of_the_group(
+    clean: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def collect(a, b):  # type: ignore[no-untyped-def]
+        return None
+
+    monkeypatch.setattr(mamba_utils, "collect_mamba_copy_meta", collect)
+    original_do = mamba_utils.do_mamba_copy_block
+    with pytest.raises(PatchMismatch, match="kunlun_mamba_copy_block not applied"):
+        patches._apply_group(patches.COPY_PATCHES)
+    assert mamba_utils.do_mamba_copy_block is original_do

@@ -1,0 +1,63 @@
+"""Models the plugin brings to vLLM 0.15.1, registered with vLLM's ``ModelRegistry``.
+
+Why: vLLM 0.15.1 has no Qwen3.5 implementation ("Model architectures
+['Qwen3_5ForConditionalGeneration'] are not supported for now").
+
+How: ``register_models()`` registers each architecture as a lazy ``"module:Class"``
+string (the model module is imported only when that architecture is served). It must
+run in every process that resolves a model class: the process that builds the engine
+config (``ModelConfig`` inspects the architecture) and every process that builds the
+model (the engine core with the in-process executor, each multiprocessing or Ray worker
+under tensor parallelism). The hooks, each idempotent:
+
+- ``KunlunPlatformBase.pre_register_and_update``: vLLM calls it as the first statement
+  of ``EngineArgs.create_engine_config`` (and while building the ``vllm serve`` parser),
+  before ``ModelConfig`` exists;
+- the worker classes the platforms select (``vllm_kunlun.worker.KunlunWorker``,
+  ``emulation_worker.EmulationWorker``) register in their constructor, which vLLM runs
+  in every process that then loads the model;
+- the ``vllm.general_plugins`` entry point (``register_runtime_fixes``), which vLLM
+  loads in every process, covers a user-chosen ``--worker-cls``.
+The platform plugin is always loaded, so the first two do not depend on
+``VLLM_PLUGINS`` keeping the general plugin. Not the platform constructor: vLLM builds
+the platform while ``vllm.config`` is still half-imported, and the registry imports it.
+``register()`` (the platform entry point) stays free of side effects.
+
+Removal: per architecture, when the validated vLLM serves it itself.
+"""
+
+from __future__ import annotations
+
+ARCHITECTURES = {
+    "Qwen3_5ForCausalLM": "vllm_kunlun.models.qwen3_5:Qwen3_5ForCausalLM",
+    "Qwen3_5ForConditionalGeneration": (
+        "vllm_kunlun.models.qwen3_5:Qwen3_5ForConditionalGeneration"
+    ),
+}
+
+
+def _registered_here(registry: object, arch: str, target: str) -> bool:
+    entry = getattr(registry, "models", {}).get(arch)
+    module, _, cls = target.partition(":")
+    return (
+        getattr(entry, "module_name", None) == module
+        and getattr(entry, "class_name", None) == cls
+    )
+
+
+def register_models() -> list[str]:
+    """Register the plugin's architectures not yet registered; returns those added.
+
+    An architecture vLLM already serves under the same name is left to vLLM.
+    """
+    from vllm.model_executor.models.registry import ModelRegistry
+
+    added = []
+    for arch, target in ARCHITECTURES.items():
+        if _registered_here(ModelRegistry, arch, target):
+            continue
+        if arch in ModelRegistry.get_supported_archs():
+            continue  # vLLM's own implementation wins
+        ModelRegistry.register_model(arch, target)
+        added.append(arch)
+    return added

@@ -1,0 +1,336 @@
+"""The Gated DeltaNet kernel seam: vendor kernel, vLLM's Triton kernels, or portable torch.
+
+Why: vLLM 0.15.1's GDN layer (``qwen3_next._forward_core``, which Qwen3.5 reuses) calls
+five Triton-only kernels. Without an active Triton driver the first prefill fails
+(``triton.next_power_of_2`` on vLLM's placeholder module), and on Kunlun the vendor
+library ships its own decode kernel. This module offers the same five entry points,
+with vLLM's signatures, and routes each call:
+
+- ``vendor``: ``kunlun_ops.fused_recurrent_gated_delta_rule_fwdv2`` for the decode
+  recurrence, called the way the upstream Kunlun plugin calls it (vLLM's state layout
+  ``[slots, HV, dk, dv]`` with ``is_h0_transposed=True``). Only this one vendor kernel is
+  wired: the others' semantics cannot be pinned from observed usage (upstream's
+  ``gated_delta_rule`` call sits in a dead branch; the conv kernels changed signatures
+  and need host mirrors). It is checked on a Kunlun host by
+  ``tests/device/test_gdn_vendor.py``; here only against the fake.
+- ``triton``: vLLM's own kernel (the function the runtime patch replaced).
+- ``portable``: ``gdn_portable`` (torch, any device).
+
+``VLLM_KUNLUN_GDN``: ``auto`` (vendor where wired and importable and the tensors are on
+a device; else Triton when it has an active driver and the tensors are on a device; else
+portable), ``vendor`` (fail when the vendor kernel is missing; portable for the other
+ops), ``triton`` (fail without a driver), ``portable``. Each op's choice and its reason
+are logged once per process. If a Triton kernel raises (e.g. it cannot compile for the
+device), that op switches to portable with a warning that quotes the error.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from vllm_kunlun import envs
+from vllm_kunlun.logger import init_logger
+from vllm_kunlun.ops import gdn_portable as portable
+from vllm_kunlun.ops import vendor
+
+logger = init_logger(__name__)
+
+VENDOR_MODULE = "kunlun_ops"
+VENDOR = "vendor"
+TRITON = "triton"
+PORTABLE = "portable"
+# The entry points, by the name vLLM's qwen3_next module calls them.
+OPS = (
+    "fused_gdn_gating",
+    "causal_conv1d_fn",
+    "causal_conv1d_update",
+    "chunk_gated_delta_rule",
+    "fused_recurrent_gated_delta_rule",
+)
+# Entry point -> the vendor function behind it (ops/contract.py declares its kwargs).
+VENDOR_FUNCTIONS = {
+    "fused_recurrent_gated_delta_rule": "fused_recurrent_gated_delta_rule_fwdv2",
+}
+
+
+@dataclass(frozen=True)
+class GdnChoice:
+    op: str
+    name: str
+    reason: str
+
+
+_CHOICES: dict[tuple[str, str], GdnChoice] = {}
+_TRITON_BROKEN: dict[str, str] = {}
+
+
+def reset() -> None:
+    """Forget the choices made in this process (tests)."""
+    _CHOICES.clear()
+    _TRITON_BROKEN.clear()
+
+
+def triton_driver() -> tuple[bool, str]:
+    """Whether vLLM found an active Triton driver in this process, and why not."""
+    from vllm.triton_utils import HAS_TRITON
+
+    if HAS_TRITON:
+        return True, "Triton has an active driver"
+    return False, "Triton has no active driver in this process (vLLM's HAS_TRITON)"
+
+
+def vendor_function(op: str) -> tuple[Callable[..., Any] | None, str]:
+    name = VENDOR_FUNCTIONS.get(op)
+    if name is None:
+        return None, f"no vendor kernel is wired for {op}"
+    module, reason = vendor.try_load(VENDOR_MODULE)
+    if module is None:
+        return None, reason
+    fn = getattr(module, name, None)
+    if not callable(fn):
+        version = getattr(module, "__version__", "unknown version")
+        return None, f"{VENDOR_MODULE} ({version}) has no {name}"
+    return fn, f"{VENDOR_MODULE}.{name} is available"
+
+
+def choose(op: str, device: torch.device) -> GdnChoice:
+    """The kernel for ``op`` on ``device`` per ``VLLM_KUNLUN_GDN``; logged once."""
+    key = (op, device.type)
+    if key in _CHOICES:
+        return _CHOICES[key]
+    mode = envs.VLLM_KUNLUN_GDN
+    on_device = device.type != "cpu"
+    fn, vendor_why = vendor_function(op)
+    has_triton, triton_why = triton_driver()
+    if mode == PORTABLE:
+        choice = GdnChoice(op, PORTABLE, "VLLM_KUNLUN_GDN=portable")
+    elif mode == VENDOR:
+        if fn is None and op in VENDOR_FUNCTIONS:
+            raise RuntimeError(
+                f"VLLM_KUNLUN_GDN=vendor, but {vendor_why}. Install the vendor op "
+                "library of the validated combination (kunlun_ops 0.1.58), or set "
+                "VLLM_KUNLUN_GDN=auto."
+            )
+        choice = (
+            GdnChoice(op, VENDOR, f"VLLM_KUNLUN_GDN=vendor; {vendor_why}")
+            if fn is not None
+            else GdnChoice(op, PORTABLE, f"VLLM_KUNLUN_GDN=vendor; {vendor_why}")
+        )
+    elif mode == TRITON:
+        if not has_triton:
+            raise RuntimeError(
+                f"VLLM_KUNLUN_GDN=triton, but {triton_why}. Set VLLM_KUNLUN_GDN=auto "
+                "(portable torch kernels are used where Triton cannot run)."
+            )
+        choice = GdnChoice(op, TRITON, "VLLM_KUNLUN_GDN=triton")
+    elif not on_device:
+        choice = GdnChoice(op, PORTABLE, "the tensors are on the CPU")
+    elif fn is not None:
+        choice = GdnChoice(op, VENDOR, vendor_why)
+    elif has_triton and op not in _TRITON_BROKEN:
+        choice = GdnChoice(op, TRITON, f"{triton_why}; {vendor_why}")
+    else:
+        why = _TRITON_BROKEN.get(op, triton_why)
+        choice = GdnChoice(op, PORTABLE, f"{why}; {vendor_why}")
+    _CHOICES[key] = choice
+    logger.info_once(
+        "vllm-kunlun: GDN kernel %s on %s: %s (%s)",
+        op,
+        device.type,
+        choice.name,
+        choice.reason,
+    )
+    return choice
+
+
+def _device_of(arguments: dict[str, Any]) -> torch.device:
+    for value in arguments.values():
+        if isinstance(value, torch.Tensor):
+            return value.device
+    return torch.device("cpu")
+
+
+def dispatcher(op: str, triton_fn: Callable[..., Any]) -> Callable[..., Any]:
+    """A drop-in for vLLM's ``op`` (same signature) that routes every call."""
+    signature = inspect.signature(triton_fn)
+    portable_impl = _PORTABLE[op]
+    vendor_impl = _VENDOR.get(op)
+
+    def route(*args: Any, **kwargs: Any) -> Any:
+        bound = signature.bind(*args, **kwargs)
+        bound.apply_defaults()
+        arguments = dict(bound.arguments)
+        device = _device_of(arguments)
+        choice = choose(op, device)
+        if choice.name == VENDOR and vendor_impl is not None:
+            fn, why = vendor_function(op)
+            if fn is None:  # the choice was made while it was importable
+                raise RuntimeError(f"vllm-kunlun: GDN vendor kernel for {op}: {why}")
+            return vendor_impl(fn, arguments)
+        if choice.name == TRITON:
+            try:
+                return triton_fn(*args, **kwargs)
+            except Exception as exc:
+                if envs.VLLM_KUNLUN_GDN == TRITON:
+                    raise
+                _TRITON_BROKEN[op] = f"vLLM's Triton {op} failed ({exc!r:.200})"
+                _CHOICES.pop((op, device.type), None)
+                logger.warning(
+                    "vllm-kunlun: %s; using the portable torch kernel for it",
+                    _TRITON_BROKEN[op],
+                )
+        return portable_impl(arguments)
+
+    route.__name__ = route.__qualname__ = f"kunlun_{op}"
+    route.__doc__ = (
+        f"vllm-kunlun GDN seam for vLLM's {op} (see vllm_kunlun/ops/gdn.py)."
+    )
+    route.__wrapped__ = triton_fn  # type: ignore[attr-defined]
+    return route
+
+
+# ---- portable adapters: vLLM's arguments -> gdn_portable ----------------------------------
+
+
+def _unsupported(what: str) -> NotImplementedError:
+    return NotImplementedError(
+        f"the portable GDN kernels do not support {what} (speculative decoding or "
+        "mamba_cache_mode='all' on a hybrid model); serve without them"
+    )
+
+
+def _gating(a: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
+    return portable.gdn_gating(
+        a["A_log"], a["a"], a["b"], a["dt_bias"], a["beta"], a["threshold"]
+    )
+
+
+def _conv(a: dict[str, Any]) -> torch.Tensor:
+    if a.get("block_idx_first_scheduled_token") is not None:
+        raise _unsupported("per-block conv states")
+    indices = a["cache_indices"]
+    if indices is None:
+        indices = torch.arange(a["query_start_loc"].numel() - 1)
+    return portable.causal_conv1d_varlen(
+        a["x"],
+        a["weight"],
+        a["bias"],
+        a["conv_states"],
+        a["query_start_loc"],
+        indices,
+        a["has_initial_state"],
+        a["activation"],
+    )
+
+
+def _conv_update(a: dict[str, Any]) -> torch.Tensor:
+    x = a["x"]
+    if a["num_accepted_tokens"] is not None or a["query_start_loc"] is not None:
+        raise _unsupported("multi-token conv updates")
+    if x.dim() != 2:
+        raise _unsupported(f"conv update inputs of shape {tuple(x.shape)}")
+    indices = a["conv_state_indices"]
+    if indices is None:
+        indices = torch.arange(x.shape[0], device=x.device)
+    return portable.causal_conv1d_step(
+        x, a["conv_state"], a["weight"], a["bias"], a["activation"], indices
+    )
+
+
+def _scale(a: dict[str, Any]) -> float:
+    scale = a["scale"]
+    return float(a["k"].shape[-1] ** -0.5 if scale is None else scale)
+
+
+def _chunk(a: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
+    if a["head_first"]:
+        raise _unsupported("head-first layouts")
+    return portable.chunk_gated_delta_rule(
+        a["q"],
+        a["k"],
+        a["v"],
+        a["g"],
+        a["beta"],
+        _scale(a),
+        a["initial_state"],
+        a["cu_seqlens"],
+        a["use_qk_l2norm_in_kernel"],
+    )
+
+
+def _recurrent_checks(a: dict[str, Any]) -> None:
+    indices = a["ssm_state_indices"]
+    if a["num_accepted_tokens"] is not None or (
+        indices is not None and indices.dim() == 2 and indices.shape[1] > 1
+    ):
+        raise _unsupported("multi-token (speculative) decode states")
+    if not a["inplace_final_state"]:
+        raise _unsupported("out-of-place final states")
+
+
+def _recurrent(a: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
+    _recurrent_checks(a)
+    beta = a["beta"] if a["beta"] is not None else torch.ones_like(a["g"])
+    state = a["initial_state"]
+    out = portable.recurrent_gated_delta_rule(
+        a["q"],
+        a["k"],
+        a["v"],
+        a["g"],
+        beta,
+        _scale(a),
+        state,
+        a["cu_seqlens"],
+        a["ssm_state_indices"],
+        a["use_qk_l2norm_in_kernel"],
+    )
+    return out, state
+
+
+_PORTABLE: dict[str, Callable[[dict[str, Any]], Any]] = {
+    "fused_gdn_gating": _gating,
+    "causal_conv1d_fn": _conv,
+    "causal_conv1d_update": _conv_update,
+    "chunk_gated_delta_rule": _chunk,
+    "fused_recurrent_gated_delta_rule": _recurrent,
+}
+
+
+# ---- vendor adapters ----------------------------------------------------------------------
+
+
+def _recurrent_vendor(
+    fn: Callable[..., Any], a: dict[str, Any]
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The decode recurrence through ``kunlun_ops.fused_recurrent_gated_delta_rule_fwdv2``,
+    called as the upstream Kunlun plugin calls it: q/k/v/g/beta contiguous, vLLM's state
+    pool updated in place at ``h0_indices``."""
+    _recurrent_checks(a)
+    beta = a["beta"] if a["beta"] is not None else torch.ones_like(a["g"])
+    state = a["initial_state"]
+    out, _final = fn(
+        a["q"].contiguous(),
+        a["k"].contiguous(),
+        a["v"].contiguous(),
+        a["g"].contiguous(),
+        beta.contiguous(),
+        _scale(a),
+        state,
+        inplace_final_state=True,
+        cu_seqlens=a["cu_seqlens"],
+        h0_indices=a["ssm_state_indices"],
+        num_accepted_tokens=None,
+        use_qk_l2norm_in_kernel=a["use_qk_l2norm_in_kernel"],
+        is_h0_transposed=True,
+    )
+    return out, state
+
+
+_VENDOR: dict[str, Callable[[Callable[..., Any], dict[str, Any]], Any]] = {
+    "fused_recurrent_gated_delta_rule": _recurrent_vendor,
+}
