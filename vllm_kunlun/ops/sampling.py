@@ -56,7 +56,7 @@ class SamplingKernels:
             return torch.empty(0, dtype=torch.int64, device=logits.device)
         if self.vendor_fn is not None:
             return vendor_sample(self.vendor_fn, logits, top_k, top_p)
-        uniforms = torch.rand(logits.shape[0], device=logits.device)
+        uniforms = torch.rand((logits.shape[0], portable.DRAWS), device=logits.device)
         return portable.sample(
             logits, top_k, top_p, uniforms, scores_are_logits=True, inplace=inplace
         )
