@@ -57,6 +57,7 @@ def chi_square_pvalue(samples: np.ndarray, expected: np.ndarray) -> float:
     """p-value of ``samples`` (token ids) against ``expected``; asserts that no token
     with expected probability 0 was drawn."""
     n = samples.shape[0]
+    expected = expected / expected.sum()
     counts = np.bincount(samples, minlength=expected.shape[0])
     outside = np.flatnonzero((expected == 0) & (counts > 0))
     assert outside.size == 0, f"tokens outside the kept set were drawn: {outside[:10]}"
@@ -82,6 +83,7 @@ def binned_chi_square_pvalue(
     chi-square; it tests the mass of groups of similar tokens, not each token.
     """
     n = samples.shape[0]
+    expected = expected / expected.sum()
     counts = np.bincount(samples, minlength=expected.shape[0])
     outside = np.flatnonzero((expected == 0) & (counts > 0))
     assert outside.size == 0, f"tokens outside the kept set were drawn: {outside[:10]}"

@@ -88,8 +88,8 @@ SETTINGS = [
     ("top_p-rejection-peaked", 300, 3.0, None, 0.7, 4, "rejection"),
     # Small top-p on a flat row: most first draws are rejected, so the rounds and the
     # exact fallback after them decide many rows.
-    ("top_p-rejection-rounds", 1300, 0.2, None, 0.15, 4, "rejection"),
-    ("top_p-rejection-one-round", 1300, 0.2, None, 0.3, 2, "rejection"),
+    ("top_p-rejection-rounds", 600, 0.2, None, 0.15, 4, "rejection"),
+    ("top_p-rejection-one-round", 600, 0.2, None, 0.3, 2, "rejection"),
     ("top_p-radix", 300, 0.3, None, 0.9, 1, "radix"),
     ("top_k-radix", 700, 0.5, 300, None, 4, "radix"),
     ("top_k-top_p-radix", 700, 0.5, 400, 0.95, 4, "radix"),
