@@ -472,3 +472,25 @@ def test_eagle_draft_sampling_follows_the_tempered_distribution() -> None:
     assert torch.allclose(probs[0], (row / 0.6).softmax(-1))
     expected = reference(row / 0.6, None, None)
     assert chi_square_pvalue(tokens.long().numpy(), np.asarray(expected)) > ALPHA
+
+
+def test_sampler_benchmark_runs_every_mode_small() -> None:
+    """benchmarks/sampler.py end to end on a tiny batch: every mode, ours and native."""
+    import importlib.util
+    import sys
+
+    from tests.conftest import REPO
+
+    spec = importlib.util.spec_from_file_location(
+        "bench_sampler_run", REPO / "benchmarks" / "sampler.py"
+    )
+    assert spec and spec.loader
+    bench = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = bench
+    spec.loader.exec_module(bench)
+    args = bench.parse_args(["--batch", "4", "--vocab", "300", "--iters", "1"])
+    report = bench.run(args)
+    assert [r["mode"] for r in report["results"]] == [m[0] for m in bench.MODES]
+    for r in report["results"]:
+        assert r["ours_ms"] > 0 and r["native_ms"] > 0 and r["read_ms"] > 0
+    assert "x one read" in bench.markdown(report)
