@@ -276,6 +276,39 @@ def radix_threshold(
     return threshold
 
 
+# ---- candidates ---------------------------------------------------------------------
+
+# Block size of the candidate search: the top-n values of a row lie in the n blocks
+# with the largest maxima.
+CANDIDATE_BLOCK = 512
+
+
+def top_candidates(scores: torch.Tensor, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``scores.topk(n)`` (values descending, indices), reading fewer elements.
+
+    Every one of the n largest values lies in one of the n blocks with the largest
+    maxima (the maxima of those blocks are n values at least as large), so one pass of
+    block maxima and a topk over n blocks (plus the short last block) replace a topk
+    over the row. With ties at the n-th value a tied element may be left out; the n-th
+    candidate then equals the k-th value, which ``plan_filter``'s tie check sends to
+    the radix select.
+    """
+    batch, vocab = scores.shape
+    block = CANDIDATE_BLOCK
+    full = vocab // block
+    if full <= 2 * n:
+        return scores.topk(n, dim=-1)
+    main = full * block
+    blocks = scores[:, :main].unflatten(1, (full, block))
+    chosen = blocks.amax(-1).topk(n, dim=-1).indices
+    picked = blocks.gather(1, chosen.unsqueeze(2).expand(batch, n, block))
+    values = torch.cat([picked.flatten(1), scores[:, main:]], dim=1)
+    cand, pos = values.topk(n, dim=-1)
+    in_block = pos < n * block
+    first = chosen.gather(1, (pos // block).clamp(max=n - 1)) * block + pos % block
+    return cand, torch.where(in_block, first, pos - n * block + main)
+
+
 # ---- the plan ------------------------------------------------------------------------
 
 
@@ -363,9 +396,14 @@ def plan_filter(
     resolved = no_row
     cand_idx = cand_weights = cand_threshold = None
     if k is not None and maybe_any(k_on & (k <= CANDIDATES)):
+        wanted = k_on & (k <= CANDIDATES)
         ncand = min(vocab, CANDIDATES)
+        if on_host(k):
+            # On the host the largest top-k that candidates serve is known: fewer
+            # candidates, fewer blocks to read (one more than k shows a tie at k).
+            ncand = min(ncand, 1 + int(torch.where(wanted, k, 0).max()))
         every = ncand == vocab
-        cand, cand_idx = scores.topk(ncand, dim=-1)
+        cand, cand_idx = top_candidates(scores, ncand)
         lowest = cand[:, -1]
         # Relative weights in the caller's space; only ratios matter below, except
         # against the total mass (joint), for which the probabilities are used.
