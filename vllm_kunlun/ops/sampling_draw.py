@@ -230,7 +230,9 @@ def top_p_by_rejection(
     ``tokens`` were drawn from the whole distribution with ``uniforms[:, 0]``; columns
     1 .. D-2 serve further rounds, column D-1 the exact fallback. ``weights``: the
     unmasked probabilities of every row (read, never written); ``total``: their sums.
-    Rows go in chunks of ``CHECK_ELEMENTS`` elements, so the scratch stays small.
+    The test runs over chunks of ``CHECK_ELEMENTS`` elements (a small scratch), then
+    the rejected rows of all chunks go through the rounds together: few operations,
+    each on many rows.
     """
     assert uniforms.shape[1] >= 2, "a rejected row needs a fresh uniform"
     out = tokens.clone()
@@ -243,51 +245,72 @@ def top_p_by_rejection(
     scratch = torch.empty(
         (min(n, step), weights.shape[1]), dtype=torch.float32, device=out.device
     )
+    current = tokens[index]
+    values = weights[index, current]
+    mass = torch.empty_like(values)
     for start in range(0, n, step):
-        rows = index[start : start + step]
-        part = weights[start : start + step] if everyone else weights[rows]
-        out[rows] = _resolve_chunk(
-            part, out[rows], top_p[rows], total[rows], uniforms[rows], scratch
-        )
-    return out
-
-
-def _resolve_chunk(
-    part: torch.Tensor,
-    tokens: torch.Tensor,
-    top_p: torch.Tensor,
-    total: torch.Tensor,
-    uniforms: torch.Tensor,
-    scratch: torch.Tensor,
-) -> torch.Tensor:
-    """``top_p_by_rejection`` for the rows of ``part`` (not modified)."""
-    out = tokens.clone()
-    pending = torch.arange(part.shape[0], device=part.device)
-    values = part[pending, tokens]
-    mass = _mass_above(part, values, scratch)
-    current = tokens
-    draws = uniforms.shape[1]
-    for column in range(1, draws):
+        end = min(n, start + step)
+        part = weights[start:end] if everyone else weights[index[start:end]]
+        mass[start:end] = _mass_above(part, values[start:end], scratch)
+    total = total[index]
+    for column in range(1, uniforms.shape[1]):
         # Kept: the mass strictly above the token is below top_p of the row (the max
         # token always; a row without distribution keeps its token 0).
-        ok = (mass < top_p[pending] * total) | (mass <= 0) | ~(total > 0)
-        out[pending[ok]] = current[ok]
+        ok = (mass < top_p[index] * total) | (mass <= 0) | ~(total > 0)
+        out[index[ok]] = current[ok]
         left = ~ok
         if not bool(left.any()):
             break
-        pending, values, total = pending[left], values[left], total[left]
-        sub = part[pending]  # a copy of the rejected rows
-        fresh = uniforms[pending, column]
-        if column == draws - 1:
-            # Out of rounds: the exact threshold, then the last fresh uniform.
-            exact = select.radix_threshold(sub, None, top_p[pending])
-            out[pending] = draw(sub, fresh, threshold=exact, owned=True)
-            break
-        # Everything kept lies strictly above the rejected token: draw from there.
-        floor = torch.nextafter(values, torch.full_like(values, float("inf")))
-        current = draw(
-            sub, fresh, threshold=floor, owned=True, scratch=scratch[: sub.shape[0]]
+        index, values, total = index[left], values[left], total[left]
+        last = column == uniforms.shape[1] - 1
+        current, values, mass = _redraw(
+            weights, index, values, top_p, uniforms[:, column], last, scratch
         )
-        values = sub[torch.arange(sub.shape[0], device=sub.device), current]
-        mass = _mass_above(sub, values, scratch)
+        if last:
+            out[index] = current
     return out
+
+
+def _redraw(
+    weights: torch.Tensor,
+    index: torch.Tensor,
+    values: torch.Tensor,
+    top_p: torch.Tensor,
+    uniform: torch.Tensor,
+    last: bool,
+    scratch: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A fresh draw for rejected rows ``index`` (chunked like the test).
+
+    Everything kept lies strictly above the rejected token's weight ``values``, so the
+    draw is from there; ``last``: from the exact threshold instead (no test follows).
+    Returns the tokens, their weights and the mass strictly above them.
+    """
+    tokens = torch.empty_like(index)
+    new_values = torch.empty_like(values)
+    mass = torch.empty_like(values)
+    step = scratch.shape[0]
+    for start in range(0, index.shape[0], step):
+        end = min(index.shape[0], start + step)
+        rows = index[start:end]
+        sub = weights[rows]  # a copy of the rejected rows
+        if last:
+            exact = select.radix_threshold(sub, None, top_p[rows])
+            tokens[start:end] = draw(sub, uniform[rows], threshold=exact, owned=True)
+            continue
+        floor = torch.nextafter(
+            values[start:end], torch.full_like(values[start:end], float("inf"))
+        )
+        picked = draw(
+            sub,
+            uniform[rows],
+            threshold=floor,
+            owned=True,
+            scratch=scratch[: end - start],
+        )
+        tokens[start:end] = picked
+        new_values[start:end] = sub[
+            torch.arange(end - start, device=sub.device), picked
+        ]
+        mass[start:end] = _mass_above(sub, new_values[start:end], scratch)
+    return tokens, new_values, mass
