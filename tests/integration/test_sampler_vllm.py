@@ -476,18 +476,9 @@ def test_eagle_draft_sampling_follows_the_tempered_distribution() -> None:
 
 def test_sampler_benchmark_runs_every_mode_small() -> None:
     """benchmarks/sampler.py end to end on a tiny batch: every mode, ours and native."""
-    import importlib.util
-    import sys
+    from tests.bench_module import load_benchmark
 
-    from tests.conftest import REPO
-
-    spec = importlib.util.spec_from_file_location(
-        "bench_sampler_run", REPO / "benchmarks" / "sampler.py"
-    )
-    assert spec and spec.loader
-    bench = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = bench
-    spec.loader.exec_module(bench)
+    bench = load_benchmark("sampler")
     args = bench.parse_args(["--batch", "4", "--vocab", "300", "--iters", "1"])
     report = bench.run(args)
     assert [r["mode"] for r in report["results"]] == [m[0] for m in bench.MODES]
