@@ -10,14 +10,16 @@ on the same float32 logits in the same run, one sampling step of
 
 in six modes: no filter, top-k 50, top-p 0.9, top-k 50 + top-p 0.9, every row seeded,
 half the rows seeded (seeded modes: no top-k / top-p, the case that crashed). Reported:
-median ms per step, the speed-up (native / ours), the effective bandwidth against one
-read of the logits (batch x vocab x 4 bytes / time), and ours in units of one read: the
+median ms per step, the speed-up (native / ours), and ours in units of one read: the
 median time of a row max (``logits.amax(-1)``) over the same logits, timed alongside
-every mode.
+every mode; also the process CPU time of ours and of the read (on a CPU shared with
+other jobs, wall time mostly measures the share of the cores the process got). The
+JSON adds the effective bandwidth (batch x vocab x 4 bytes / time).
 
     python benchmarks/sampler.py                       # 256 x 151936 on the CPU
     python benchmarks/sampler.py --device cuda --iters 20 --json out.json
     python benchmarks/sampler.py --modes "top-p 0.9,all rows seeded"
+    python benchmarks/sampler.py --threads 1           # steadier on a shared machine
 
 Each timed call gets a fresh copy of the logits (both samplers may work in place); the
 copy is not timed. Calls alternate (read, ours, native, read, ...), so a change in
@@ -57,6 +59,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument("--device", default="cpu", help="cpu (default) or cuda[:N]")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=0,
+        help="CPU threads for torch (default: torch's own choice); 1 avoids the "
+        "stalls of multi-threaded operations on a machine shared with other jobs",
+    )
     names = ", ".join(repr(m[0]) for m in MODES)
     parser.add_argument(
         "--modes",
@@ -88,16 +97,19 @@ def _row_max(x: torch.Tensor) -> torch.Tensor:
     return x.amax(dim=-1)
 
 
-def time_call(fn: Callable[[torch.Tensor], Any], logits: torch.Tensor) -> float:
-    """Seconds of ``fn(copy of logits)``; the copy is made outside the timer."""
+def time_call(
+    fn: Callable[[torch.Tensor], Any], logits: torch.Tensor
+) -> tuple[float, float]:
+    """(wall, process CPU) seconds of ``fn(copy of logits)``; the copy is made outside
+    the timer. On a shared CPU the CPU time is the steadier measure of the work."""
     x = logits.clone()
     _sync(logits.device)
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), time.process_time()
     tokens = fn(x)
     _sync(logits.device)
-    elapsed = time.perf_counter() - start
+    elapsed, cpu = time.perf_counter() - start, time.process_time() - cpu
     assert tokens.shape == (logits.shape[0],)
-    return elapsed
+    return elapsed, cpu
 
 
 def time_pair(
@@ -105,16 +117,22 @@ def time_pair(
     logits: torch.Tensor,
     iters: int,
     warmup: int,
-) -> dict[str, float]:
-    """Median seconds per function, calls interleaved (read, ours, native, read, ...)
-    so that a change in machine load hits all alike."""
-    times: dict[str, list[float]] = {name: [] for name in fns}
+) -> dict[str, tuple[float, float]]:
+    """Median (wall, CPU) seconds per function, calls interleaved (read, ours, native,
+    read, ...) so that a change in machine load hits all alike."""
+    times: dict[str, list[tuple[float, float]]] = {name: [] for name in fns}
     for i in range(warmup + iters):
         for name, fn in fns.items():
-            elapsed = time_call(fn, logits)
+            measured = time_call(fn, logits)
             if i >= warmup:
-                times[name].append(elapsed)
-    return {name: statistics.median(t) for name, t in times.items()}
+                times[name].append(measured)
+    return {
+        name: (
+            statistics.median(w for w, _ in t),
+            statistics.median(c for _, c in t),
+        )
+        for name, t in times.items()
+    }
 
 
 def generators(
@@ -133,6 +151,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
     from vllm_kunlun.sample.topk_topp import KunlunTopKTopPSampler
 
+    if args.threads > 0:
+        torch.set_num_threads(args.threads)
     device = torch.device(args.device)
     batch, vocab = args.batch, args.vocab
     g = torch.Generator(device=device).manual_seed(args.seed)
@@ -161,11 +181,15 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             gens = generators(seeded, batch, device, args.seed)
             fns[label] = lambda x, s=sampler, g=gens, kt=kt, pt=pt: s(x, g, kt, pt)[0]
         seconds = time_pair(fns, logits, args.iters, args.warmup)
-        for label, sec in seconds.items():
+        for label, (sec, cpu) in seconds.items():
             result[f"{label}_ms"] = sec * 1e3
+            result[f"{label}_cpu_ms"] = cpu * 1e3
             result[f"{label}_gbps"] = read_bytes / sec / 1e9
         result["speedup"] = result["native_ms"] / result["ours_ms"]
         result["ours_reads"] = result["ours_ms"] / result["read_ms"]
+        result["ours_cpu_reads"] = result["ours_cpu_ms"] / max(
+            result["read_cpu_ms"], 1e-6
+        )
         rows.append(result)
         print(
             f"  {name:22s} ours {result['ours_ms']:9.1f} ms  native "
@@ -202,14 +226,14 @@ def markdown(report: dict[str, Any]) -> str:
         head,
         "",
         "| mode | ours ms/step | x one read | vLLM native ms/step | speed-up | "
-        "one read ms | ours GB/s |",
-        "|---|---:|---:|---:|---:|---:|---:|",
+        "one read ms | ours CPU ms | x one read (CPU) |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in report["results"]:
         lines.append(
             f"| {r['mode']} | {r['ours_ms']:.1f} | {r['ours_reads']:.1f} | "
             f"{r['native_ms']:.1f} | {r['speedup']:.2f}x | {r['read_ms']:.1f} | "
-            f"{r['ours_gbps']:.2f} |"
+            f"{r['ours_cpu_ms']:.1f} | {r['ours_cpu_reads']:.1f} |"
         )
     return "\n".join(lines)
 

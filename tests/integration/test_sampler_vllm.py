@@ -484,4 +484,5 @@ def test_sampler_benchmark_runs_every_mode_small() -> None:
     assert [r["mode"] for r in report["results"]] == [m[0] for m in bench.MODES]
     for r in report["results"]:
         assert r["ours_ms"] > 0 and r["native_ms"] > 0 and r["read_ms"] > 0
+        assert r["ours_cpu_ms"] >= 0 and "ours_cpu_reads" in r
     assert "x one read" in bench.markdown(report)

@@ -53,8 +53,10 @@ def test_report_table_has_the_read_ratio(bench: ModuleType) -> None:
                 "read_ms": 10.0,
                 "ours_reads": 3.0,
                 "ours_gbps": 1.0,
+                "ours_cpu_ms": 20.0,
+                "ours_cpu_reads": 2.5,
             }
         ],
     }
     table = bench.markdown(report)
-    assert "| top-p 0.9 | 30.0 | 3.0 | 300.0 | 10.00x | 10.0 | 1.00 |" in table
+    assert "| top-p 0.9 | 30.0 | 3.0 | 300.0 | 10.00x | 10.0 | 20.0 | 2.5 |" in table
