@@ -247,12 +247,17 @@ def top_p_by_rejection(
     )
     current = tokens[index]
     values = weights[index, current]
-    mass = torch.empty_like(values)
-    for start in range(0, n, step):
-        end = min(n, start + step)
-        part = weights[start:end] if everyone else weights[index[start:end]]
-        mass[start:end] = _mass_above(part, values[start:end], scratch)
     total = total[index]
+    # A token heavier than (1 - top_p) of its row is kept without a pass: the mass
+    # above it is at most the row's mass minus its own (typical of peaked rows).
+    mass = torch.zeros_like(values)
+    unsure = (values <= (1 - top_p[index]) * total).nonzero().squeeze(1)
+    slices = everyone and unsure.shape[0] == n
+    for start in range(0, unsure.shape[0], step):
+        end = min(unsure.shape[0], start + step)
+        at = unsure[start:end]
+        part = weights[start:end] if slices else weights[index[at]]
+        mass[at] = _mass_above(part, values[at], scratch)
     for column in range(1, uniforms.shape[1]):
         # Kept: the mass strictly above the token is below top_p of the row (the max
         # token always; a row without distribution keeps its token 0).
