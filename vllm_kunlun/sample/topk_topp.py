@@ -11,7 +11,8 @@ How:
   ``uniform_`` with the row's own generator (one batched draw for the other rows);
 * ``processed_logits`` / ``processed_logprobs``: the filtered logits are computed first
   (sort-free) and returned; sampling then runs on them unfiltered;
-* tensor parallel: TP rank 0's tokens are broadcast (``sample.tp``).
+* tensor parallel: TP rank 0's tokens are broadcast (``sample.tp``);
+* ``apply_top_k_top_p``: vLLM's function, same signature (``(logits, k, p)``), sort-free.
 Installed by the runtime patch ``kunlun_topk_topp_sampler`` (``sample.patches``).
 """
 
@@ -37,7 +38,8 @@ def apply_top_k_top_p(
     """vLLM's ``apply_top_k_top_p`` (same signature and semantics), without sorting.
 
     Tokens outside top-k / top-p get -inf, in place; a ``k`` / ``p`` tensor of one value
-    applies to every row, as in vLLM.
+    applies to every row (vLLM broadcasts a single ``p``; for a single ``k`` its own code
+    takes row 0's k-th value as every row's threshold).
     """
     return portable.mask_logits(logits, k, p)
 
