@@ -10,15 +10,21 @@ on the same float32 logits in the same run, one sampling step of
 
 in six modes: no filter, top-k 50, top-p 0.9, top-k 50 + top-p 0.9, every row seeded,
 half the rows seeded (seeded modes: no top-k / top-p, the case that crashed). Reported:
-median ms per step, the speed-up (native / ours), and the effective bandwidth against
-one read of the logits (batch x vocab x 4 bytes / time).
+median ms per step, the speed-up (native / ours), and ours in units of one read: the
+median time of a row max (``logits.amax(-1)``) over the same logits, timed alongside
+every mode; also the process CPU time of ours and of the read (on a CPU shared with
+other jobs, wall time mostly measures the share of the cores the process got). The
+JSON adds the effective bandwidth (batch x vocab x 4 bytes / time).
 
     python benchmarks/sampler.py                       # 256 x 151936 on the CPU
     python benchmarks/sampler.py --device cuda --iters 20 --json out.json
+    python benchmarks/sampler.py --modes "top-p 0.9,all rows seeded"
+    python benchmarks/sampler.py --threads 1           # steadier on a shared machine
 
 Each timed call gets a fresh copy of the logits (both samplers may work in place); the
-copy is not timed. Calls alternate between the two samplers, so a change in machine
-load affects both. On CUDA every call is synchronised before and after.
+copy is not timed. Calls alternate (read, ours, native, read, ...), so a change in
+machine load affects all three. On CUDA every call is synchronised before and after.
+An unknown mode name is an error that lists the valid ones.
 """
 
 from __future__ import annotations
@@ -54,10 +60,31 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--device", default="cpu", help="cpu (default) or cuda[:N]")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
-        "--modes", default="", help="comma-separated subset of mode names (default all)"
+        "--threads",
+        type=int,
+        default=0,
+        help="CPU threads for torch (default: torch's own choice); 1 avoids the "
+        "stalls of multi-threaded operations on a machine shared with other jobs",
+    )
+    names = ", ".join(repr(m[0]) for m in MODES)
+    parser.add_argument(
+        "--modes",
+        default="",
+        help=f"comma-separated subset of mode names (default all): {names}",
     )
     parser.add_argument("--json", type=Path, help="also write the results here")
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    unknown = sorted(set(selected_modes(args.modes)) - {m[0] for m in MODES})
+    if unknown:
+        parser.error(
+            f"unknown mode(s) {', '.join(map(repr, unknown))}; valid modes: {names}"
+        )
+    return args
+
+
+def selected_modes(spec: str) -> list[str]:
+    """Mode names from a comma-separated ``--modes`` value (empty: none named)."""
+    return [m.strip() for m in spec.split(",") if m.strip()]
 
 
 def _sync(device: torch.device) -> None:
@@ -65,16 +92,24 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def time_call(fn: Callable[[torch.Tensor], Any], logits: torch.Tensor) -> float:
-    """Seconds of ``fn(copy of logits)``; the copy is made outside the timer."""
+def _row_max(x: torch.Tensor) -> torch.Tensor:
+    """One read of the logits: the reference the modes are measured against."""
+    return x.amax(dim=-1)
+
+
+def time_call(
+    fn: Callable[[torch.Tensor], Any], logits: torch.Tensor
+) -> tuple[float, float]:
+    """(wall, process CPU) seconds of ``fn(copy of logits)``; the copy is made outside
+    the timer. On a shared CPU the CPU time is the steadier measure of the work."""
     x = logits.clone()
     _sync(logits.device)
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), time.process_time()
     tokens = fn(x)
     _sync(logits.device)
-    elapsed = time.perf_counter() - start
+    elapsed, cpu = time.perf_counter() - start, time.process_time() - cpu
     assert tokens.shape == (logits.shape[0],)
-    return elapsed
+    return elapsed, cpu
 
 
 def time_pair(
@@ -82,16 +117,22 @@ def time_pair(
     logits: torch.Tensor,
     iters: int,
     warmup: int,
-) -> dict[str, float]:
-    """Median seconds per function, calls interleaved (ours, native, ours, ...) so
-    that a change in machine load hits both alike."""
-    times: dict[str, list[float]] = {name: [] for name in fns}
+) -> dict[str, tuple[float, float]]:
+    """Median (wall, CPU) seconds per function, calls interleaved (read, ours, native,
+    read, ...) so that a change in machine load hits all alike."""
+    times: dict[str, list[tuple[float, float]]] = {name: [] for name in fns}
     for i in range(warmup + iters):
         for name, fn in fns.items():
-            elapsed = time_call(fn, logits)
+            measured = time_call(fn, logits)
             if i >= warmup:
-                times[name].append(elapsed)
-    return {name: statistics.median(t) for name, t in times.items()}
+                times[name].append(measured)
+    return {
+        name: (
+            statistics.median(w for w, _ in t),
+            statistics.median(c for _, c in t),
+        )
+        for name, t in times.items()
+    }
 
 
 def generators(
@@ -110,6 +151,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
     from vllm_kunlun.sample.topk_topp import KunlunTopKTopPSampler
 
+    if args.threads > 0:
+        torch.set_num_threads(args.threads)
     device = torch.device(args.device)
     batch, vocab = args.batch, args.vocab
     g = torch.Generator(device=device).manual_seed(args.seed)
@@ -117,7 +160,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     ours = KunlunTopKTopPSampler()
     native = TopKTopPSampler()
     kernels = ours.kernels(device)
-    wanted = {m.strip() for m in args.modes.split(",") if m.strip()}
+    wanted = set(selected_modes(args.modes))
     read_bytes = batch * vocab * logits.element_size()
     rows = []
     for name, k, p, seeded in MODES:
@@ -130,7 +173,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         )
         pt = None if p is None else torch.full((batch,), p, device=device)
         result: dict[str, Any] = {"mode": name}
-        fns = {}
+        fns: dict[str, Callable[[torch.Tensor], Any]] = {"read": _row_max}
         for label, sampler in (
             ("ours", ours.forward),
             ("native", native.forward_native),
@@ -138,14 +181,20 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             gens = generators(seeded, batch, device, args.seed)
             fns[label] = lambda x, s=sampler, g=gens, kt=kt, pt=pt: s(x, g, kt, pt)[0]
         seconds = time_pair(fns, logits, args.iters, args.warmup)
-        for label, sec in seconds.items():
+        for label, (sec, cpu) in seconds.items():
             result[f"{label}_ms"] = sec * 1e3
+            result[f"{label}_cpu_ms"] = cpu * 1e3
             result[f"{label}_gbps"] = read_bytes / sec / 1e9
         result["speedup"] = result["native_ms"] / result["ours_ms"]
+        result["ours_reads"] = result["ours_ms"] / result["read_ms"]
+        result["ours_cpu_reads"] = result["ours_cpu_ms"] / max(
+            result["read_cpu_ms"], 1e-6
+        )
         rows.append(result)
         print(
             f"  {name:22s} ours {result['ours_ms']:9.1f} ms  native "
-            f"{result['native_ms']:9.1f} ms  x{result['speedup']:.2f}",
+            f"{result['native_ms']:9.1f} ms  x{result['speedup']:.2f}  one read "
+            f"{result['read_ms']:.1f} ms",
             file=sys.stderr,
             flush=True,
         )
@@ -176,14 +225,15 @@ def markdown(report: dict[str, Any]) -> str:
     lines = [
         head,
         "",
-        "| mode | ours ms/step | vLLM native ms/step | speed-up | ours GB/s | "
-        "native GB/s |",
-        "|---|---:|---:|---:|---:|---:|",
+        "| mode | ours ms/step | x one read | vLLM native ms/step | speed-up | "
+        "one read ms | ours CPU ms | x one read (CPU) |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in report["results"]:
         lines.append(
-            f"| {r['mode']} | {r['ours_ms']:.1f} | {r['native_ms']:.1f} | "
-            f"{r['speedup']:.2f}x | {r['ours_gbps']:.2f} | {r['native_gbps']:.2f} |"
+            f"| {r['mode']} | {r['ours_ms']:.1f} | {r['ours_reads']:.1f} | "
+            f"{r['native_ms']:.1f} | {r['speedup']:.2f}x | {r['read_ms']:.1f} | "
+            f"{r['ours_cpu_ms']:.1f} | {r['ours_cpu_reads']:.1f} |"
         )
     return "\n".join(lines)
 

@@ -6,6 +6,7 @@ Goodness of fit: Pearson chi-square, fails when p < ALPHA = 1e-4 (fixed seeds).
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -256,6 +257,56 @@ def test_processed_logprob_modes_return_the_filtered_distribution(
         assert keep[tokens[i]]
 
 
+# ---- apply_top_k_top_p: vLLM's contract ---------------------------------------------
+
+
+def test_apply_top_k_top_p_has_vllms_signature() -> None:
+    ours = KunlunTopKTopPSampler().apply_top_k_top_p
+    theirs = upstream_topk_topp.TopKTopPSampler().apply_top_k_top_p
+
+    def params(fn: Any) -> list[tuple[str, Any, Any]]:
+        sig = inspect.signature(fn)
+        return [(q.name, q.kind, q.default) for q in sig.parameters.values()]
+
+    assert params(ours) == params(theirs) != []
+    logits = torch.randn(3, 50)
+    k = torch.tensor([5, 50, 1])
+    out = ours(logits=logits.clone(), k=k, p=None)  # vLLM's keywords
+    assert torch.isfinite(out).sum(-1).tolist() == [5, 50, 1]
+
+
+def test_apply_top_k_top_p_keeps_what_vllm_keeps() -> None:
+    """Row by row the same kept set as vLLM's own sort-based apply_top_k_top_p
+    (random logits without ties), also for k / p tensors of a single value.
+
+    A single p broadcasts in vLLM too. A single k is compared with vLLM given that k
+    for every row: vLLM's own code gathers row 0's k-th value from a (1,) k and uses it
+    as every row's threshold, which is not "k for every row".
+    """
+    g = torch.Generator().manual_seed(31)
+    batch, vocab = 16, 600
+    logits = torch.randn(batch, vocab, generator=g) * (
+        torch.rand(batch, 1, generator=g) * 3 + 0.2
+    )
+    k = torch.randint(1, vocab + 1, (batch,), generator=g)
+    p = torch.rand(batch, generator=g) * 0.9 + 0.05
+    ours = KunlunTopKTopPSampler().apply_top_k_top_p
+    cases = [
+        (k, p),
+        (k, None),
+        (None, p),
+        (torch.tensor([37]), None),
+        (None, torch.tensor([0.6])),
+        (torch.tensor([200]), torch.tensor([0.7])),
+    ]
+    for kk, pp in cases:
+        k_rows = None if kk is None else kk.expand(batch)
+        theirs = upstream_topk_topp.apply_top_k_top_p(logits.clone(), k_rows, pp)
+        got = ours(logits.clone(), kk, pp)
+        assert torch.equal(torch.isfinite(got), torch.isfinite(theirs)), (kk, pp)
+        assert torch.equal(got[torch.isfinite(got)], logits[torch.isfinite(got)])
+
+
 # ---- the vendor kernel through the fake -------------------------------------------
 
 
@@ -420,3 +471,17 @@ def test_eagle_draft_sampling_follows_the_tempered_distribution() -> None:
     assert torch.allclose(probs[0], (row / 0.6).softmax(-1))
     expected = reference(row / 0.6, None, None)
     assert chi_square_pvalue(tokens.long().numpy(), np.asarray(expected)) > ALPHA
+
+
+def test_sampler_benchmark_runs_every_mode_small() -> None:
+    """benchmarks/sampler.py end to end on a tiny batch: every mode, ours and native."""
+    from tests.bench_module import load_benchmark
+
+    bench = load_benchmark("sampler")
+    args = bench.parse_args(["--batch", "4", "--vocab", "300", "--iters", "1"])
+    report = bench.run(args)
+    assert [r["mode"] for r in report["results"]] == [m[0] for m in bench.MODES]
+    for r in report["results"]:
+        assert r["ours_ms"] > 0 and r["native_ms"] > 0 and r["read_ms"] > 0
+        assert r["ours_cpu_ms"] >= 0 and "ours_cpu_reads" in r
+    assert "x one read" in bench.markdown(report)

@@ -57,6 +57,7 @@ def chi_square_pvalue(samples: np.ndarray, expected: np.ndarray) -> float:
     """p-value of ``samples`` (token ids) against ``expected``; asserts that no token
     with expected probability 0 was drawn."""
     n = samples.shape[0]
+    expected = expected / expected.sum()
     counts = np.bincount(samples, minlength=expected.shape[0])
     outside = np.flatnonzero((expected == 0) & (counts > 0))
     assert outside.size == 0, f"tokens outside the kept set were drawn: {outside[:10]}"
@@ -69,3 +70,29 @@ def chi_square_pvalue(samples: np.ndarray, expected: np.ndarray) -> float:
     if e.shape[0] < 2:
         return 1.0
     return float(stats.chisquare(obs, e).pvalue)
+
+
+def binned_chi_square_pvalue(
+    samples: np.ndarray, expected: np.ndarray, bins: int = 40
+) -> float:
+    """p-value of ``samples`` against ``expected`` over ``bins`` cells of about equal
+    expected mass (tokens grouped by descending probability), for vocabularies too
+    large for a per-token test; asserts that no token with probability 0 was drawn.
+
+    The partition depends on ``expected`` only, so the statistic is a valid Pearson
+    chi-square; it tests the mass of groups of similar tokens, not each token.
+    """
+    n = samples.shape[0]
+    expected = expected / expected.sum()
+    counts = np.bincount(samples, minlength=expected.shape[0])
+    outside = np.flatnonzero((expected == 0) & (counts > 0))
+    assert outside.size == 0, f"tokens outside the kept set were drawn: {outside[:10]}"
+    order = np.argsort(-expected, kind="stable")
+    before = np.cumsum(expected[order]) - expected[order]
+    cell = np.minimum((before * bins).astype(np.int64), bins - 1)
+    observed = np.bincount(cell, weights=counts[order], minlength=bins)
+    mass = np.bincount(cell, weights=expected[order], minlength=bins)
+    used = mass > 0
+    if used.sum() < 2:
+        return 1.0
+    return float(stats.chisquare(observed[used], mass[used] * n).pvalue)

@@ -29,12 +29,14 @@ def _gens(seeds: dict[int, int]) -> dict[int, torch.Generator]:
 
 
 def test_seeded_uniform_depends_only_on_its_generator() -> None:
-    a = row_uniforms(5, _gens({1: 42, 3: 7}), torch.device("cpu"))
-    b = row_uniforms(9, _gens({6: 42, 0: 7}), torch.device("cpu"))
-    assert a[1] == b[6] and a[3] == b[0]
-    c = row_uniforms(5, _gens({1: 43, 3: 8}), torch.device("cpu"))
-    assert a[1] != c[1] and a[3] != c[3]
+    a = row_uniforms(5, _gens({1: 42, 3: 7}), torch.device("cpu"), draws=3)
+    b = row_uniforms(9, _gens({6: 42, 0: 7}), torch.device("cpu"), draws=3)
+    assert a.shape == (5, 3) and b.shape == (9, 3)
+    assert torch.equal(a[1], b[6]) and torch.equal(a[3], b[0])
+    c = row_uniforms(5, _gens({1: 43, 3: 8}), torch.device("cpu"), draws=3)
+    assert (a[1] != c[1]).all() and (a[3] != c[3]).all()
     assert ((a >= 0) & (a < 1)).all()
+    assert len(set(a[1].tolist())) == 3  # each draw of a row is a new value
 
 
 def test_all_seeded_batch_leaves_the_global_rng_alone() -> None:
@@ -74,4 +76,4 @@ def test_uniform_zero_gives_finite_noise(monkeypatch: pytest.MonkeyPatch) -> Non
     assert torch.isfinite(q).all()
     assert torch.allclose(q, torch.full_like(q, -math.log(tiny)))
     u = row_uniforms(4, _gens({2: 3}), torch.device("cpu"))
-    assert torch.equal(u, torch.zeros(4))  # inverse transform handles U = 0 itself
+    assert torch.equal(u, torch.zeros(4, 1))  # inverse transform handles U = 0 itself

@@ -5,7 +5,8 @@ which has no device kernel and silently runs on the CPU (a 256 x 152K decode ste
 4.89 s with the device idle). The vendor op library ships flashinfer's sampling API;
 calling ``kunlun_ops.top_k_top_p_sampling_from_probs`` keeps sampling on the device.
 Where that library is missing (CPU, other CUDA devices, CI), the portable torch
-implementation in ``sampling_portable`` is used instead: no sort, no host sync.
+implementation in ``sampling_portable`` (flashinfer's sampling API on any device) is
+used instead: no sort, no host sync.
 
 ``VLLM_KUNLUN_SAMPLER`` chooses: ``auto`` (vendor when importable and the tensors are
 on a device, else portable), ``vendor`` (fail when missing), ``portable``. The choice
@@ -56,7 +57,7 @@ class SamplingKernels:
             return torch.empty(0, dtype=torch.int64, device=logits.device)
         if self.vendor_fn is not None:
             return vendor_sample(self.vendor_fn, logits, top_k, top_p)
-        uniforms = torch.rand(logits.shape[0], device=logits.device)
+        uniforms = torch.rand((logits.shape[0], portable.DRAWS), device=logits.device)
         return portable.sample(
             logits, top_k, top_p, uniforms, scores_are_logits=True, inplace=inplace
         )

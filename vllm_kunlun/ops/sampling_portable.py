@@ -1,511 +1,94 @@
-"""Portable torch implementation of top-k / top-p sampling (flashinfer's semantics).
+"""Portable torch sampling with flashinfer's API and semantics (flashinfer 0.6.1).
 
 Why: the vendor sampling kernel exists only on Kunlun, and requests with their own seed
 cannot use it at all (it takes one generator per batch). This module is the sampler used
-everywhere else: on the CPU, on other CUDA devices, for seeded rows, and as the reference
-the vendor kernel is tested against.
+everywhere else: on the CPU, on other CUDA devices, for seeded rows, as the fallback of
+the kernel seam (``ops/sampling.py``), and as the reference the vendor kernel is tested
+against. Kernel developers get flashinfer's ``flashinfer.sampling`` functions with the
+same arguments, dtypes and errors, on any device.
 
-How, without sorting the vocabulary and without a host/device synchronisation:
+How (details in ``sampling_select`` and ``sampling_draw``): no sort of the vocabulary, no
+host/device synchronisation, one uniform per row for the draw:
+* the kept set is an exact per-row threshold: ``topk(128)`` candidates when a row's
+  top-k fits in them, else a radix select over the float bits of the probabilities;
+* the token is drawn by inverse transform over two-level block sums;
+* on the CPU, a top-p row without top-k is decided at draw time (the drawn token is
+  tested against the threshold's criterion, redrawn if outside), which reads the row
+  about once instead of building histograms.
 
-* One uniform ``u`` per row and inverse-transform sampling: the token is the first
-  index whose cumulative weight exceeds ``u * total``. The cumulative sum is two-level
-  (sums of 512-token blocks, then one block), so the whole vocabulary is read once.
-* The filter is a per-row threshold ``T``: a token is kept when its weight is ``>= T``
-  (ties at the boundary are kept, as in vLLM's ``apply_top_k_top_p``).
-  - First ``topk(C)`` with a small static ``C`` (128): when the top-k set and the top-p
-    nucleus lie inside those candidates (the common case: top_k <= 128, peaked
-    distributions), the row is sampled among its candidates and nothing else is read.
-  - Otherwise the exact threshold comes from a radix select over the float bits
-    of the weights (per-row histograms of count and mass over 2 to 4 levels of bits,
-    by vocabulary size), a fixed number of full passes, no data-dependent control flow.
-* On the CPU, where reading a tensor costs no synchronisation, work that no row needs is
-  skipped; on an accelerator every stage runs unconditionally (sync-free).
-
-Semantics (as flashinfer with ``filter_apply_order="top_k_first"`` and vLLM's native
-sampler): top-k first, then top-p over the renormalised top-k distribution. ``top_k``
-<= 0 or >= vocab means no top-k; ``top_p`` >= 1 means no top-p; ``top_p`` <= 0 keeps
-only the most likely token(s). Weights are compared in float32 probability space, so
-two logits that round to the same probability count as a tie.
-A row whose logits contain NaN, or whose logits are all -inf, has no distribution; like
-vLLM's native sampler it yields token 0 (checking would synchronise every step; pass
-``check_nan=True`` to the flashinfer-style entry points to raise instead).
-Resolution: ``u`` is float32, so a token whose probability is below ~6e-8 per row may be
-sampled slightly more or less often than its probability (fp32 rounding of the weights
-is of the same order).
+Semantics: top-k first, then top-p over the renormalised top-k distribution (flashinfer's
+``filter_apply_order="top_k_first"``, vLLM's native order); ``"joint"``: top-p relative to
+the whole distribution. ``top_k`` <= 0 or >= vocab: no top-k; ``top_p`` >= 1: no top-p;
+``top_p`` <= 0 keeps only the most likely token(s). Ties at a threshold are kept; weights
+are compared as float32 probabilities. A row whose logits contain NaN or are all
+``-inf`` has no distribution and yields token 0, as vLLM's native sampler does
+(checking would synchronise every step; ``check_nan=True`` raises instead). Uniforms
+are float32: a token below ~6e-8 of its row's mass may be drawn slightly more or less
+often than its probability. ``deterministic`` is accepted and ignored: the result
+depends only on the inputs and the uniforms (on an accelerator, float atomics in the
+radix histograms can move a token that sits within float rounding of the threshold).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 
-# Candidates tried before the exact radix select. Static, so shapes never depend on data.
-CANDIDATES = 128
-# Block size of the two-level cumulative sum.
-BLOCK = 512
+from vllm_kunlun.ops import sampling_draw as draw_ops
+from vllm_kunlun.ops import sampling_rng as rng
+from vllm_kunlun.ops import sampling_select as select
+from vllm_kunlun.ops.sampling_draw import BLOCK, block_sums
+from vllm_kunlun.ops.sampling_select import (
+    CANDIDATES,
+    FilterPlan,
+    normalize_top_k,
+    normalize_top_p,
+    plan_filter,
+    radix_levels,
+    radix_threshold,
+)
 
+__all__ = [
+    "BLOCK",
+    "CANDIDATES",
+    "DRAWS",
+    "FilterPlan",
+    "block_sums",
+    "chain_speculative_sampling",
+    "mask_logits",
+    "min_p_sampling_from_probs",
+    "normalize_top_k",
+    "normalize_top_p",
+    "plan_filter",
+    "radix_levels",
+    "radix_threshold",
+    "sample",
+    "sampling_from_logits",
+    "sampling_from_probs",
+    "softmax",
+    "top_k_mask_logits",
+    "top_k_renorm_prob",
+    "top_k_renorm_probs",
+    "top_k_sampling_from_probs",
+    "top_k_top_p_sampling_from_logits",
+    "top_k_top_p_sampling_from_probs",
+    "top_p_renorm_prob",
+    "top_p_renorm_probs",
+    "top_p_sampling_from_probs",
+]
 
-def radix_levels(vocab: int) -> tuple[tuple[int, int], ...]:
-    """(shift, width) per radix level over the 31 value bits of a non-negative float32.
-
-    Each level costs a few passes over the data and a (batch, 2**width) histogram:
-    wide levels for large vocabularies (fewer passes), narrow ones for small
-    vocabularies (so the histograms never dwarf the data).
-    """
-    if vocab >= 1 << 16:
-        return ((16, 15), (0, 16))
-    if vocab >= 1 << 10:
-        return ((20, 11), (10, 10), (0, 10))
-    return ((24, 7), (16, 8), (8, 8), (0, 8))
-
+# Uniforms per row the callers draw: the draw, two rejection rounds (deferred top-p on
+# the CPU), and the exact fallback after them.
+DRAWS = 4
+# Elements of gathered rows processed at once when every draw has its own filter and
+# several draws share a row (flashinfer's ``indices``): bounds the memory, not the work.
+GATHER_ELEMENTS = 1 << 23
 
 _FILTER_ORDERS = ("top_k_first", "joint")
 
 
-def _maybe_any(mask: torch.Tensor) -> bool:
-    """``mask.any()`` on the CPU; True on an accelerator, where reading it would sync."""
-    if mask.device.type == "cpu":
-        return bool(mask.any())
-    return True
-
-
-def normalize_top_k(
-    top_k: torch.Tensor | int | None, batch: int, vocab: int, device: torch.device
-) -> torch.Tensor | None:
-    """int64 (batch,) with ``vocab`` for "no top-k", or None when no row filters."""
-    if top_k is None:
-        return None
-    if isinstance(top_k, torch.Tensor):
-        if top_k.shape not in ((batch,), (batch, 1)):
-            raise ValueError(
-                f"top_k has shape {tuple(top_k.shape)}; expected ({batch},), one value "
-                "per row"
-            )
-        k = top_k.reshape(batch).to(device=device, dtype=torch.int64)
-    else:
-        k = torch.full((batch,), int(top_k), dtype=torch.int64, device=device)
-    return torch.where((k <= 0) | (k > vocab), vocab, k)
-
-
-def normalize_top_p(
-    top_p: torch.Tensor | float | None, batch: int, device: torch.device
-) -> torch.Tensor | None:
-    """float32 (batch,), values >= 1 meaning "no top-p", or None."""
-    if top_p is None:
-        return None
-    if isinstance(top_p, torch.Tensor):
-        if top_p.shape not in ((batch,), (batch, 1)):
-            raise ValueError(
-                f"top_p has shape {tuple(top_p.shape)}; expected ({batch},), one value "
-                "per row"
-            )
-        return top_p.reshape(batch).to(device=device, dtype=torch.float32)
-    return torch.full((batch,), float(top_p), dtype=torch.float32, device=device)
-
-
-def _first_above(cum: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-    """Per row, the first index whose cumulative weight exceeds ``target``.
-
-    Never lands on a zero-weight entry: ``target`` >= 0 skips leading zeros, and the
-    result is capped at the last entry that adds weight (rounding can put ``target`` at
-    or past the total). Rows without weight (all zero or NaN) get some valid index;
-    callers map them to token 0.
-    """
-    idx = torch.searchsorted(cum, target.unsqueeze(1), right=True)
-    last = torch.searchsorted(cum, cum[:, -1:].contiguous())
-    return torch.minimum(idx, last).squeeze(1).clamp_(0, cum.shape[1] - 1)
-
-
-def _radix_select(
-    weights: torch.Tensor,
-    *,
-    count: torch.Tensor | None = None,
-    fraction: torch.Tensor | None = None,
-    base: torch.Tensor | None = None,
-    scratch: tuple[torch.Tensor, torch.Tensor] | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Largest threshold T per row whose kept set ``weights >= T`` is big enough.
-
-    Big enough: at least ``count`` tokens, or else at least ``fraction * base`` mass,
-    where a NaN ``base`` (or None) means the row's total mass. A target that cannot be
-    met (+inf) gives T = 0, i.e. keep everything. ``weights``: contiguous non-negative
-    float32 (B, V). ``scratch``: reusable (int32, int64) key buffers shaped like
-    ``weights``. Returns (T as float32, mass of weights >= T).
-    """
-    by_count = count is not None
-    batch = weights.shape[0]
-    device = weights.device
-    bits = weights.view(torch.int32)
-    # Keys are computed in int32 (half the memory traffic), then copied into the int64
-    # index that scatter_add_ requires; both buffers are reused across levels. Keys
-    # count down from the largest value, so a plain cumsum of a histogram is the mass
-    # (or count) of all tokens at or above each bin.
-    key32, key = scratch if scratch is not None else radix_scratch(weights)
-    prefix = torch.zeros(batch, dtype=torch.int64, device=device)
-    ones = torch.ones(1, dtype=torch.float32, device=device).expand(weights.shape)
-    target = count.to(torch.float32) if count is not None else None
-    # Flat scratch, viewed per level as a contiguous (batch, bins) histogram.
-    levels = radix_levels(weights.shape[1])
-    widest = batch * (max(1 << width for _, width in levels) + 2)
-    mass_buf = torch.empty(widest, dtype=torch.float32, device=device)
-    count_buf = torch.empty_like(mass_buf) if by_count else None
-    last = len(levels) - 1
-    cum_mass = mass_buf[:batch].view(batch, 1)
-    first = prefix
-    offset = 0
-    for level, (shift, width) in enumerate(levels):
-        nbins = 1 << width
-        torch.bitwise_right_shift(bits, shift, out=key32)
-        if level == 0:
-            # Value bin b -> key nbins-1-b. -0.0 / negative NaN (sign bit) -> bin 0.
-            top = torch.full((batch, 1), nbins - 1, dtype=torch.int32, device=device)
-            torch.sub(top, key32, out=key32).clamp_(0, nbins - 1)
-            offset, total_bins = 0, nbins
-        else:
-            # Inside the chosen bin -> 1..nbins (descending); above -> 0; below ->
-            # nbins + 1.
-            end = ((prefix << width) + nbins).to(torch.int32).unsqueeze(1)
-            torch.sub(end, key32, out=key32).clamp_(0, nbins + 1)
-            offset, total_bins = 1, nbins + 2
-        key.copy_(key32)
-        if not by_count or level == last:
-            cum_mass = mass_buf[: batch * total_bins].view(batch, total_bins)
-            cum_mass.zero_()
-            cum_mass.scatter_add_(1, key, weights).cumsum_(1)
-        if count_buf is not None:
-            cum_count = count_buf[: batch * total_bins].view(batch, total_bins)
-            cum_count.zero_().scatter_add_(1, key, ones).cumsum_(1)
-            criterion = cum_count
-        else:
-            if level == 0:
-                assert fraction is not None
-                total = cum_mass[:, -1]
-                if base is not None:
-                    total = torch.where(torch.isnan(base), total, base)
-                target = fraction * total
-            criterion = cum_mass
-        assert target is not None
-        # First (largest-value) bin whose cumulative count/mass reaches the target;
-        # none reaches it -> the lowest bin, i.e. keep everything.
-        first = torch.searchsorted(criterion, target.unsqueeze(1)).squeeze(1)
-        first = first.sub_(offset).clamp_(0, nbins - 1)
-        prefix = (prefix << width) | (nbins - 1 - first)
-    mass_ge = cum_mass.gather(1, (first + offset).unsqueeze(1)).squeeze(1)
-    threshold = prefix.to(torch.int32).view(torch.float32)
-    return threshold, mass_ge
-
-
-def radix_scratch(weights: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(int32, int64) key buffers for ``_radix_select`` on ``weights``."""
-    return (
-        torch.empty(weights.shape, dtype=torch.int32, device=weights.device),
-        torch.empty(weights.shape, dtype=torch.int64, device=weights.device),
-    )
-
-
-def radix_threshold(
-    weights: torch.Tensor,
-    k: torch.Tensor | None,
-    p: torch.Tensor | None,
-    joint: bool = False,
-    scratch: tuple[torch.Tensor, torch.Tensor] | None = None,
-) -> torch.Tensor:
-    """Exact per-row keep-threshold on ``weights`` for top-k then top-p (float32, B).
-
-    ``k``/``p`` as from normalize_top_k/_p (``k == vocab``: no top-k). Top-p mass is
-    relative to the top-k mass (``joint``: to the row's total mass).
-    """
-    scratch = scratch if scratch is not None else radix_scratch(weights)
-    batch, vocab = weights.shape
-    threshold = torch.zeros(batch, dtype=torch.float32, device=weights.device)
-    base: torch.Tensor | None = None
-    if k is not None:
-        threshold, mass_k = _radix_select(weights, count=k, scratch=scratch)
-        if not joint:
-            base = torch.where(k < vocab, mass_k, torch.full_like(mass_k, float("nan")))
-    if p is not None:
-        fraction = torch.where(p < 1, p, torch.full_like(p, float("inf")))
-        t_p, _ = _radix_select(weights, fraction=fraction, base=base, scratch=scratch)
-        threshold = torch.maximum(threshold, t_p)
-    return threshold
-
-
-def block_sums(weights: torch.Tensor) -> torch.Tensor:
-    """Per-row sums of consecutive ``BLOCK``-token blocks (last block may be short)."""
-    vocab = weights.shape[1]
-    block = min(BLOCK, vocab)
-    nblocks = vocab // block
-    main = nblocks * block
-    sums = weights[:, :main].unflatten(1, (nblocks, block)).sum(-1)
-    if main < vocab:
-        sums = torch.cat([sums, weights[:, main:].sum(-1, keepdim=True)], dim=1)
-    return sums
-
-
-def sample_full(
-    weights: torch.Tensor,
-    uniforms: torch.Tensor,
-    threshold: torch.Tensor | None = None,
-    sums: torch.Tensor | None = None,
-    owned: bool = False,
-    scratch: torch.Tensor | None = None,
-) -> torch.Tensor:
-    """Inverse-transform sample over the whole vocabulary (int64, B).
-
-    ``weights`` need not be normalised. With ``threshold``, weights below it count as 0
-    (zeroed in place when ``owned``).
-    ``sums`` are precomputed ``block_sums(weights)`` (only valid without a threshold).
-    ``scratch``: a reusable float32 buffer shaped like ``weights`` for the mask.
-    """
-    vocab = weights.shape[1]
-    block = min(BLOCK, vocab)
-    if threshold is not None:
-        # A float 0/1 mask written by the comparison itself: bool masks go through a
-        # slow, unvectorised cast on the CPU (masked_fill_ costs ~7x more).
-        keep = torch.empty_like(weights) if scratch is None else scratch
-        torch.ge(weights, threshold.unsqueeze(1), out=keep)
-        masked = weights.mul_(keep) if owned else keep.mul_(weights)
-        sums = block_sums(masked)
-    else:
-        masked = weights
-        if sums is None:
-            sums = block_sums(weights)
-    cum = sums.cumsum(-1)
-    target = uniforms * cum[:, -1]
-    chosen = _first_above(cum, target)
-    before = cum.gather(1, chosen.unsqueeze(1)) - sums.gather(1, chosen.unsqueeze(1))
-    rest = (target.unsqueeze(1) - before).clamp_(min=0).squeeze(1)
-    cols = chosen.unsqueeze(1) * block + torch.arange(block, device=weights.device)
-    valid = cols < vocab
-    vals = masked.gather(1, cols.clamp(max=vocab - 1)) * valid
-    offset = _first_above(vals.cumsum(-1), rest)
-    tokens = chosen * block + offset
-    # No distribution (NaN / all -inf / all zero): token 0, documented.
-    return torch.where(cum[:, -1] > 0, tokens, torch.zeros_like(tokens))
-
-
-@dataclass
-class FilterPlan:
-    """The top-k / top-p decision for one batch, before any random draw.
-
-    ``resolved`` rows are fully decided by their ``CANDIDATES`` candidates
-    (``cand_idx`` with weights ``cand_weights``, zero when filtered out) and keep exactly
-    the tokens scoring ``>= cand_threshold`` (in the caller's score space). All other
-    rows use ``weights`` over the whole vocabulary with keep-threshold ``threshold``
-    (None: keep all). ``sums`` are the unmasked block sums when already computed.
-    ``owns_weights``: ``weights`` is scratch the sampler may overwrite.
-    """
-
-    resolved: torch.Tensor
-    cand_idx: torch.Tensor | None
-    cand_weights: torch.Tensor | None
-    cand_threshold: torch.Tensor | None
-    weights: torch.Tensor | None
-    threshold: torch.Tensor | None
-    sums: torch.Tensor | None
-    any_full: bool
-    owns_weights: bool = False
-    scratch: torch.Tensor | None = None
-
-
-def plan_filter(
-    scores: torch.Tensor,
-    k: torch.Tensor | None,
-    p: torch.Tensor | None,
-    *,
-    scores_are_logits: bool,
-    inplace: bool = False,
-    joint: bool = False,
-) -> FilterPlan:
-    """Decide the kept set of every row. ``k``/``p`` come from normalize_top_k/_p.
-
-    With ``inplace`` (logits only) the weights overwrite ``scores``.
-    """
-    batch, vocab = scores.shape
-    device = scores.device
-    weights: torch.Tensor | None = None
-    sums: torch.Tensor | None = None
-
-    def full_weights() -> torch.Tensor:
-        # Logits -> exp(logit - row max): unnormalised, on the same scale as the
-        # candidates' weights below, so a row's numbers never depend on its batch.
-        nonlocal weights
-        if weights is None:
-            if not scores_are_logits:
-                weights = scores
-            elif inplace:
-                weights = scores.sub_(scores.amax(-1, keepdim=True)).exp_()
-            else:
-                weights = (scores - scores.amax(-1, keepdim=True)).exp_()
-        return weights
-
-    if k is None and p is None:
-        return FilterPlan(
-            resolved=torch.zeros(batch, dtype=torch.bool, device=device),
-            cand_idx=None,
-            cand_weights=None,
-            cand_threshold=None,
-            weights=full_weights(),
-            threshold=None,
-            sums=None,
-            any_full=True,
-            owns_weights=scores_are_logits,
-        )
-
-    ncand = min(vocab, CANDIDATES)
-    every = ncand == vocab
-    cand, cand_idx = scores.topk(ncand, dim=-1)
-    lowest = cand[:, -1]
-    cand_w = (cand - cand[:, :1]).exp() if scores_are_logits else cand
-    no_row = torch.zeros(batch, dtype=torch.bool, device=device)
-    k_on = no_row if k is None else k < vocab
-    p_on = no_row if p is None else p < 1
-    filtered = k_on | p_on
-
-    # Top-p rows without top-k (all top-p rows with joint) need the row's total mass;
-    # unfiltered rows need the full weights anyway.
-    total: torch.Tensor | None = None
-    need_total = p is not None and _maybe_any(p_on & (~k_on | joint))
-    if need_total or _maybe_any(~filtered):
-        sums = block_sums(full_weights())
-        total = sums.cumsum(-1)[:, -1]
-
-    kept = torch.ones_like(cand, dtype=torch.bool)
-    resolved = torch.ones(batch, dtype=torch.bool, device=device)
-    cand_threshold = torch.full((batch,), float("-inf"), device=device)
-    if k is not None:
-        t_k = cand.gather(1, (k.clamp(max=ncand) - 1).unsqueeze(1)).squeeze(1)
-        kept = (cand >= t_k.unsqueeze(1)) | ~k_on.unsqueeze(1)
-        k_ok = (k <= ncand) & ((lowest < t_k) | every)
-        resolved = ~k_on | k_ok
-        cand_threshold = torch.where(k_on, t_k, cand_threshold)
-    if p is not None:
-        csum = (cand_w * kept).cumsum(-1)
-        if total is None:  # no row reaches this branch needing the total
-            mass = csum[:, -1]
-        elif joint:
-            mass = total
-        else:
-            mass = torch.where(k_on, csum[:, -1], total)
-        j = (csum < (p * mass).unsqueeze(1)).sum(-1)
-        t_p = cand.gather(1, j.clamp(max=ncand - 1).unsqueeze(1)).squeeze(1)
-        kept = kept & ((cand >= t_p.unsqueeze(1)) | ~p_on.unsqueeze(1))
-        p_ok = (j < ncand) & ((lowest < t_p) | every)
-        resolved = resolved & (~p_on | p_ok)
-        cand_threshold = torch.where(
-            p_on, torch.maximum(cand_threshold, t_p), cand_threshold
-        )
-    resolved = resolved & filtered
-    cand_weights = cand_w * kept
-
-    unresolved = filtered & ~resolved
-    any_full = _maybe_any(~resolved)
-    threshold = None
-    scratch = None
-    if any_full and _maybe_any(unresolved):
-        w = full_weights()
-        # The count search only matters for unresolved rows that have a top-k.
-        k_radix = k if _maybe_any(unresolved & k_on) else None
-        keys = radix_scratch(w)
-        t = radix_threshold(w, k_radix, p, joint=joint, scratch=keys)
-        # The int32 key buffer is free again: it holds the sampling mask later (a fresh
-        # CPU allocation of this size costs as much as a pass over it).
-        scratch = keys[0].view(torch.float32)
-        threshold = torch.where(unresolved, t, torch.zeros_like(t))
-    return FilterPlan(
-        resolved=resolved,
-        cand_idx=cand_idx,
-        cand_weights=cand_weights,
-        cand_threshold=cand_threshold,
-        weights=weights if any_full else None,
-        threshold=threshold,
-        sums=sums,
-        any_full=any_full,
-        owns_weights=scores_are_logits,
-        scratch=scratch,
-    )
-
-
-def sample_plan(plan: FilterPlan, uniforms: torch.Tensor) -> torch.Tensor:
-    """Draw one token per row (int64) from a FilterPlan with one uniform per row."""
-    tokens: torch.Tensor | None = None
-    if plan.cand_idx is not None and plan.cand_weights is not None:
-        cum = plan.cand_weights.cumsum(-1)
-        pos = _first_above(cum, uniforms * cum[:, -1])
-        tokens = plan.cand_idx.gather(1, pos.unsqueeze(1)).squeeze(1)
-        # No distribution (NaN / all -inf): token 0, as on the full-vocabulary path.
-        tokens = torch.where(cum[:, -1] > 0, tokens, torch.zeros_like(tokens))
-    if plan.any_full:
-        assert plan.weights is not None
-        sums = plan.sums if plan.threshold is None else None
-        full = sample_full(
-            plan.weights,
-            uniforms,
-            plan.threshold,
-            sums,
-            owned=plan.owns_weights,
-            scratch=plan.scratch,
-        )
-        tokens = full if tokens is None else torch.where(plan.resolved, tokens, full)
-    assert tokens is not None
-    return tokens
-
-
-def sample(
-    scores: torch.Tensor,
-    top_k: torch.Tensor | int | None,
-    top_p: torch.Tensor | float | None,
-    uniforms: torch.Tensor,
-    *,
-    scores_are_logits: bool,
-    inplace: bool = False,
-    joint: bool = False,
-) -> torch.Tensor:
-    """Top-k / top-p sample of each row with its own uniform in [0, 1) (int64, B)."""
-    scores = _as_float_matrix(scores, "logits" if scores_are_logits else "probs")
-    batch, vocab = scores.shape
-    if uniforms.shape != (batch,):
-        raise ValueError(
-            f"uniforms has shape {tuple(uniforms.shape)}; expected ({batch},)"
-        )
-    if batch == 0:
-        return torch.empty(0, dtype=torch.int64, device=scores.device)
-    k = normalize_top_k(top_k, batch, vocab, scores.device)
-    p = normalize_top_p(top_p, batch, scores.device)
-    plan = plan_filter(
-        scores, k, p, scores_are_logits=scores_are_logits, inplace=inplace, joint=joint
-    )
-    return sample_plan(plan, uniforms)
-
-
-def mask_logits(
-    logits: torch.Tensor,
-    top_k: torch.Tensor | int | None,
-    top_p: torch.Tensor | float | None,
-) -> torch.Tensor:
-    """Set the logits of tokens outside top-k / top-p to -inf, in place; returns them.
-
-    The same kept set as ``sample`` (vLLM's ``apply_top_k_top_p`` semantics), without
-    sorting the vocabulary.
-    """
-    logits = _as_float_matrix(logits, "logits")
-    batch, vocab = logits.shape
-    k = normalize_top_k(top_k, batch, vocab, logits.device)
-    p = normalize_top_p(top_p, batch, logits.device)
-    if batch == 0 or (k is None and p is None):
-        return logits
-    plan = plan_filter(logits, k, p, scores_are_logits=True)
-    assert plan.cand_threshold is not None
-    drop = logits < plan.cand_threshold.unsqueeze(1)
-    if plan.threshold is not None:
-        assert plan.weights is not None
-        by_weight = plan.weights < plan.threshold.unsqueeze(1)
-        drop = torch.where(plan.resolved.unsqueeze(1), drop, by_weight)
-    return logits.masked_fill_(drop, float("-inf"))
-
-
 def _as_float_matrix(x: torch.Tensor, what: str) -> torch.Tensor:
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"{what} must be a torch.Tensor, got {type(x).__name__}")
     if x.dim() != 2:
         raise ValueError(
             f"{what} must be 2-D (batch, vocab); got shape {tuple(x.shape)}"
@@ -517,30 +100,245 @@ def _as_float_matrix(x: torch.Tensor, what: str) -> torch.Tensor:
     return x.contiguous()
 
 
+def sample(
+    scores: torch.Tensor,
+    top_k: torch.Tensor | int | None,
+    top_p: torch.Tensor | float | None,
+    uniforms: torch.Tensor,
+    *,
+    scores_are_logits: bool,
+    inplace: bool = False,
+    joint: bool = False,
+    rows: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Top-k / top-p sample, one token per draw (int64).
+
+    ``scores`` (B, V): logits or probabilities (``inplace``: logits may be overwritten).
+    ``uniforms``: (N,) or (N, D) in [0, 1), one row per draw; with D >= 2 the extra
+    columns let the CPU decide top-p rows by rejection (``DRAWS`` is what callers
+    draw). ``rows`` (N,): the score row of each draw (None: N == B). ``top_k`` /
+    ``top_p``: a number, or a tensor of one value per score row (a single value
+    broadcasts, as in vLLM).
+    """
+    scores = _as_float_matrix(scores, "logits" if scores_are_logits else "probs")
+    batch, vocab = scores.shape
+    draws = batch if rows is None else rows.shape[0]
+    u = uniforms if uniforms.dim() == 2 else uniforms.unsqueeze(1)
+    if uniforms.dim() not in (1, 2) or u.shape[0] != draws:
+        raise ValueError(
+            f"uniforms has shape {tuple(uniforms.shape)}; expected ({draws},) or "
+            f"({draws}, D): one row of uniforms per draw"
+        )
+    if draws == 0:
+        return torch.empty(0, dtype=torch.int64, device=scores.device)
+    k = normalize_top_k(top_k, batch, vocab, scores.device)
+    p = normalize_top_p(top_p, batch, scores.device)
+    plan = plan_filter(
+        scores,
+        k,
+        p,
+        scores_are_logits=scores_are_logits,
+        inplace=inplace,
+        joint=joint,
+        defer_top_p=rows is None and u.shape[1] >= 2,
+    )
+    return draw_ops.draw_plan(plan, u.to(torch.float32), rows)
+
+
+def _filter(
+    scores: torch.Tensor,
+    top_k: torch.Tensor | int | None,
+    top_p: torch.Tensor | float | None,
+    *,
+    scores_are_logits: bool,
+    fill: float,
+    strict: bool = False,
+) -> torch.Tensor:
+    """``scores`` with every token outside the kept set set to ``fill``, in place."""
+    batch, vocab = scores.shape
+    k = normalize_top_k(top_k, batch, vocab, scores.device, strict)
+    p = normalize_top_p(top_p, batch, scores.device, strict)
+    if batch == 0 or (k is None and p is None):
+        return scores
+    plan = plan_filter(scores, k, p, scores_are_logits=scores_are_logits)
+    drop: torch.Tensor | None = None
+    if plan.cand_threshold is not None:
+        drop = scores < plan.cand_threshold.unsqueeze(1)
+    if plan.threshold is not None:
+        assert plan.weights is not None
+        by_weight = plan.weights < plan.threshold.unsqueeze(1)
+        drop = (
+            by_weight
+            if drop is None
+            else torch.where(plan.resolved.unsqueeze(1), drop, by_weight)
+        )
+    return scores if drop is None else scores.masked_fill_(drop, fill)
+
+
+def mask_logits(
+    logits: torch.Tensor,
+    top_k: torch.Tensor | int | None,
+    top_p: torch.Tensor | float | None,
+) -> torch.Tensor:
+    """Set the logits of tokens outside top-k / top-p to -inf, in place; returns them.
+
+    The same kept set as ``sample`` (vLLM's ``apply_top_k_top_p``), without sorting; a
+    ``top_k`` / ``top_p`` tensor of a single value applies to every row.
+    """
+    work = _as_float_matrix(logits, "logits")  # the tensor itself when float32
+    masked = _filter(work, top_k, top_p, scores_are_logits=True, fill=float("-inf"))
+    if masked is not logits:
+        logits.copy_(masked)
+    return logits
+
+
 # ---- flashinfer-compatible entry points -------------------------------------------
 
 
-def _uniforms(batch: int, device: torch.device, generator: torch.Generator | None):
-    return torch.rand(batch, device=device, generator=generator)
+def _check_indices(
+    indices: torch.Tensor | None, device: torch.device
+) -> torch.Tensor | None:
+    if indices is None:
+        return None
+    if not isinstance(indices, torch.Tensor) or indices.dim() != 1:
+        raise ValueError("indices must be a 1D tensor of shape (batch_size,)")
+    if indices.dtype not in (torch.int32, torch.int64):
+        raise ValueError(f"indices must be int32 or int64, got {indices.dtype}")
+    return indices.to(device=device, dtype=torch.int64)
 
 
-def _check_common(
-    x: torch.Tensor,
-    indices: torch.Tensor | None,
-    filter_apply_order: str,
-    check_nan: bool,
+def _check_nan(x: torch.Tensor, what: str) -> None:
+    if bool(torch.isnan(x).any()):  # opt-in: synchronises
+        raise ValueError(f"Input {what} contains NaN.")
+
+
+def _sample_api(
+    scores: torch.Tensor,
     what: str,
+    top_k: torch.Tensor | int | None,
+    top_p: torch.Tensor | float | None,
+    indices: torch.Tensor | None,
+    generator: torch.Generator | None,
+    check_nan: bool,
+    seed: int | torch.Tensor | None,
+    offset: int | torch.Tensor | None,
+    filter_apply_order: str = "top_k_first",
 ) -> torch.Tensor:
+    """flashinfer's sampling contract: one token per row of ``scores`` (or per entry of
+    ``indices``), dtype int32 (or ``indices``' dtype), inputs untouched."""
     if filter_apply_order not in _FILTER_ORDERS:
         raise ValueError(
-            f"filter_apply_order={filter_apply_order!r} is not supported; use one of "
+            f"Invalid filter_apply_order: {filter_apply_order!r}; use one of "
             f"{_FILTER_ORDERS}"
         )
-    if indices is not None:
-        x = x.index_select(0, indices.to(device=x.device, dtype=torch.int64))
-    if check_nan and bool(torch.isnan(x).any()):  # opt-in: synchronises
-        raise ValueError(f"{what} contain NaN (check_nan=True)")
-    return x
+    scores = _as_float_matrix(scores, what)
+    out_dtype = indices.dtype if isinstance(indices, torch.Tensor) else torch.int32
+    rows = _check_indices(indices, scores.device)
+    batch, vocab = scores.shape
+    draws = batch if rows is None else rows.shape[0]
+    if draws == 0:
+        return torch.empty(0, dtype=out_dtype, device=scores.device)
+    # flashinfer's rule: a parameter is a scalar or one value per output row.
+    k = normalize_top_k(top_k, draws, vocab, scores.device, strict=True)
+    p = normalize_top_p(top_p, draws, scores.device, strict=True)
+    if check_nan:
+        _check_nan(scores, what)
+    u = rng.uniforms(
+        draws, DRAWS, scores.device, generator=generator, seed=seed, offset=offset
+    )
+    logits = what == "logits"
+    joint = filter_apply_order == "joint"
+    per_draw = isinstance(top_k, torch.Tensor) or isinstance(top_p, torch.Tensor)
+    if rows is None:
+        tokens = sample(scores, k, p, u, scores_are_logits=logits, joint=joint)
+    elif not per_draw:
+        # One filter for every draw: plan each score row once, draw per index.
+        k_row = None if k is None else k[:1].expand(batch)
+        p_row = None if p is None else p[:1].expand(batch)
+        tokens = sample(
+            scores, k_row, p_row, u, scores_are_logits=logits, joint=joint, rows=rows
+        )
+    else:
+        # Each draw has its own filter: gather rows in bounded chunks.
+        step = max(1, GATHER_ELEMENTS // vocab)
+        parts = []
+        for start in range(0, draws, step):
+            end = min(draws, start + step)
+            parts.append(
+                sample(
+                    scores[rows[start:end]],
+                    None if k is None else k[start:end],
+                    None if p is None else p[start:end],
+                    u[start:end],
+                    scores_are_logits=logits,
+                    inplace=True,  # the gathered rows are a copy
+                    joint=joint,
+                )
+            )
+        tokens = torch.cat(parts)
+    return tokens.to(out_dtype)
+
+
+def sampling_from_probs(
+    probs: torch.Tensor,
+    indices: torch.Tensor | None = None,
+    deterministic: bool = True,
+    generator: torch.Generator | None = None,
+    check_nan: bool = False,
+    seed: int | torch.Tensor | None = None,
+    offset: int | torch.Tensor | None = None,
+) -> torch.Tensor:
+    """flashinfer's ``sampling_from_probs``: one token per row (or per index)."""
+    return _sample_api(
+        probs, "probs", None, None, indices, generator, check_nan, seed, offset
+    )
+
+
+def sampling_from_logits(
+    logits: torch.Tensor,
+    indices: torch.Tensor | None = None,
+    deterministic: bool = True,
+    generator: torch.Generator | None = None,
+    check_nan: bool = False,
+    seed: int | torch.Tensor | None = None,
+    offset: int | torch.Tensor | None = None,
+) -> torch.Tensor:
+    """flashinfer's ``sampling_from_logits``: sampling from ``softmax(logits)``."""
+    return _sample_api(
+        logits, "logits", None, None, indices, generator, check_nan, seed, offset
+    )
+
+
+def top_p_sampling_from_probs(
+    probs: torch.Tensor,
+    top_p: torch.Tensor | float,
+    indices: torch.Tensor | None = None,
+    deterministic: bool = True,
+    generator: torch.Generator | None = None,
+    check_nan: bool = False,
+    seed: int | torch.Tensor | None = None,
+    offset: int | torch.Tensor | None = None,
+) -> torch.Tensor:
+    """flashinfer's ``top_p_sampling_from_probs`` (nucleus sampling)."""
+    return _sample_api(
+        probs, "probs", None, top_p, indices, generator, check_nan, seed, offset
+    )
+
+
+def top_k_sampling_from_probs(
+    probs: torch.Tensor,
+    top_k: torch.Tensor | int,
+    indices: torch.Tensor | None = None,
+    deterministic: bool = True,
+    generator: torch.Generator | None = None,
+    check_nan: bool = False,
+    seed: int | torch.Tensor | None = None,
+    offset: int | torch.Tensor | None = None,
+) -> torch.Tensor:
+    """flashinfer's ``top_k_sampling_from_probs``."""
+    return _sample_api(
+        probs, "probs", top_k, None, indices, generator, check_nan, seed, offset
+    )
 
 
 def top_k_top_p_sampling_from_probs(
@@ -552,10 +350,21 @@ def top_k_top_p_sampling_from_probs(
     deterministic: bool = True,
     generator: torch.Generator | None = None,
     check_nan: bool = False,
+    seed: int | torch.Tensor | None = None,
+    offset: int | torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """flashinfer's ``top_k_top_p_sampling_from_probs``: int32 token per row."""
-    return _flashinfer_style(
-        probs, top_k, top_p, indices, filter_apply_order, generator, check_nan, "probs"
+    """flashinfer's ``top_k_top_p_sampling_from_probs``."""
+    return _sample_api(
+        probs,
+        "probs",
+        top_k,
+        top_p,
+        indices,
+        generator,
+        check_nan,
+        seed,
+        offset,
+        filter_apply_order,
     )
 
 
@@ -568,38 +377,221 @@ def top_k_top_p_sampling_from_logits(
     deterministic: bool = True,
     generator: torch.Generator | None = None,
     check_nan: bool = False,
+    seed: int | torch.Tensor | None = None,
+    offset: int | torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """flashinfer's ``top_k_top_p_sampling_from_logits``: int32 token per row."""
-    return _flashinfer_style(
+    """flashinfer's ``top_k_top_p_sampling_from_logits``: as from ``softmax(logits)``."""
+    return _sample_api(
         logits,
+        "logits",
         top_k,
         top_p,
         indices,
-        filter_apply_order,
         generator,
         check_nan,
-        "logits",
+        seed,
+        offset,
+        filter_apply_order,
     )
 
 
-def _flashinfer_style(
-    scores: torch.Tensor,
-    top_k: torch.Tensor | int,
-    top_p: torch.Tensor | float,
-    indices: torch.Tensor | None,
-    filter_apply_order: str,
-    generator: torch.Generator | None,
-    check_nan: bool,
-    what: str,
+def min_p_sampling_from_probs(
+    probs: torch.Tensor,
+    min_p: torch.Tensor | float,
+    indices: torch.Tensor | None = None,
+    deterministic: bool = True,
+    generator: torch.Generator | None = None,
+    check_nan: bool = False,
+    seed: int | torch.Tensor | None = None,
+    offset: int | torch.Tensor | None = None,
 ) -> torch.Tensor:
-    scores = _check_common(scores, indices, filter_apply_order, check_nan, what)
-    uniforms = _uniforms(scores.shape[0], scores.device, generator)
-    tokens = sample(
-        scores,
+    """flashinfer's ``min_p_sampling_from_probs``: keeps ``probs >= min_p * max``."""
+    probs = _as_float_matrix(probs, "probs")
+    out_dtype = indices.dtype if isinstance(indices, torch.Tensor) else torch.int32
+    rows = _check_indices(indices, probs.device)
+    draws = probs.shape[0] if rows is None else rows.shape[0]
+    scale = select.normalize_top_p(min_p, draws, probs.device, strict=True)
+    assert scale is not None
+    if check_nan:
+        _check_nan(probs, "probs")
+    u = rng.uniforms(
+        draws, 1, probs.device, generator=generator, seed=seed, offset=offset
+    )
+    if draws == 0:
+        return torch.empty(0, dtype=out_dtype, device=probs.device)
+    if rows is not None and isinstance(min_p, torch.Tensor):
+        # One threshold per draw: gather the rows (flashinfer reads one row per draw).
+        probs, rows = probs[rows], None
+    elif rows is not None:
+        scale = scale[:1].expand(probs.shape[0])
+    threshold = scale * probs.amax(dim=-1)
+    tokens = draw_ops.draw(probs, u[:, 0], threshold=threshold, rows=rows)
+    return tokens.to(out_dtype)
+
+
+def softmax(
+    logits: torch.Tensor,
+    temperature: torch.Tensor | float | None = None,
+    enable_pdl: bool | None = None,
+) -> torch.Tensor:
+    """flashinfer's ``softmax``: float32 probabilities of ``logits / temperature``.
+
+    ``temperature``: a number or one float value per row; ``enable_pdl`` is a CUDA
+    launch option, ignored.
+    """
+    logits = _as_float_matrix(logits, "logits")
+    if temperature is None:
+        return torch.softmax(logits, dim=-1)
+    if isinstance(temperature, torch.Tensor):
+        if temperature.dim() != 1:
+            raise ValueError(
+                "temperature tensor must be 1D with one value per logits row, got "
+                f"shape {tuple(temperature.shape)}"
+            )
+        if temperature.shape[0] != logits.shape[0]:
+            raise ValueError(
+                f"temperature tensor length must equal logits.size(0) "
+                f"({logits.shape[0]}), got {temperature.shape[0]}"
+            )
+        if temperature.device != logits.device:
+            raise ValueError(
+                f"temperature tensor must be on the same device as logits "
+                f"({logits.device}), got {temperature.device}"
+            )
+        if not temperature.is_floating_point():
+            raise ValueError(
+                "temperature tensor must have dtype float16, bfloat16, float32, or "
+                f"float64, got {temperature.dtype}"
+            )
+        return torch.softmax(logits / temperature.float().unsqueeze(1), dim=-1)
+    if isinstance(temperature, bool) or not isinstance(temperature, (int, float)):
+        raise TypeError(
+            "temperature must be None, a real scalar, or a 1D floating-point tensor "
+            "with one value per logits row"
+        )
+    return torch.softmax(logits / float(temperature), dim=-1)
+
+
+def _renorm(
+    probs: torch.Tensor,
+    top_k: torch.Tensor | int | None,
+    top_p: torch.Tensor | float | None,
+) -> torch.Tensor:
+    original = probs.dtype
+    kept = _filter(
+        _as_float_matrix(probs, "probs").clone(),
         top_k,
         top_p,
-        uniforms,
-        scores_are_logits=what == "logits",
-        joint=filter_apply_order == "joint",
+        scores_are_logits=False,
+        fill=0.0,
+        strict=True,
     )
-    return tokens.to(torch.int32)
+    return (kept / kept.sum(dim=-1, keepdim=True)).to(original)
+
+
+def top_p_renorm_probs(
+    probs: torch.Tensor, top_p: torch.Tensor | float
+) -> torch.Tensor:
+    """flashinfer's ``top_p_renorm_probs``: the nucleus of each row, renormalised."""
+    return _renorm(probs, None, top_p)
+
+
+def top_k_renorm_probs(probs: torch.Tensor, top_k: torch.Tensor | int) -> torch.Tensor:
+    """flashinfer's ``top_k_renorm_probs``: the top-k of each row (ties kept),
+    renormalised; same dtype as ``probs``."""
+    return _renorm(probs, top_k, None)
+
+
+def top_k_mask_logits(logits: torch.Tensor, top_k: torch.Tensor | int) -> torch.Tensor:
+    """flashinfer's ``top_k_mask_logits``: a copy with non-top-k logits set to -inf,
+    same dtype as ``logits``."""
+    original = logits.dtype
+    masked = _filter(
+        _as_float_matrix(logits, "logits").clone(),
+        top_k,
+        None,
+        scores_are_logits=True,
+        fill=float("-inf"),
+        strict=True,
+    )
+    return masked.to(original)
+
+
+top_p_renorm_prob = top_p_renorm_probs
+top_k_renorm_prob = top_k_renorm_probs
+
+
+def chain_speculative_sampling(
+    draft_probs: torch.Tensor,
+    draft_token_ids: torch.Tensor,
+    target_probs: torch.Tensor,
+    maybe_output_accepted_token_num: torch.Tensor | None = None,
+    maybe_output_emitted_draft_token_num: torch.Tensor | None = None,
+    deterministic: bool = True,
+    generator: torch.Generator | None = None,
+    seed: int | torch.Tensor | None = None,
+    offset: int | torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """flashinfer's ``chain_speculative_sampling`` (speculative sampling, one chain of
+    ``n`` draft tokens per request).
+
+    Draft token i is accepted when ``u * draft_prob < target_prob``; the first rejected
+    position gets a token drawn from ``relu(target - draft)``, or, when all drafts are
+    accepted, a bonus token from the last target distribution; later positions are -1.
+    Returns (output ids (B, n + 1) int32, accepted counts, emitted counts); the counts
+    are added in place to the tensors given. The accepted count also counts drafts
+    after the first rejection that would be accepted on their own (a fresh uniform each).
+    """
+    if draft_probs.dim() != 3 or draft_token_ids.dim() != 2 or target_probs.dim() != 3:
+        raise ValueError(
+            "expected draft_probs (batch, n, vocab), draft_token_ids (batch, n) and "
+            f"target_probs (batch, n + 1, vocab); got {tuple(draft_probs.shape)}, "
+            f"{tuple(draft_token_ids.shape)}, {tuple(target_probs.shape)}"
+        )
+    batch, n, vocab = draft_probs.shape
+    if tuple(draft_token_ids.shape) != (batch, n) or tuple(target_probs.shape) != (
+        batch,
+        n + 1,
+        vocab,
+    ):
+        raise ValueError(
+            "expected draft_probs (batch, n, vocab), draft_token_ids (batch, n) and "
+            f"target_probs (batch, n + 1, vocab); got {tuple(draft_probs.shape)}, "
+            f"{tuple(draft_token_ids.shape)}, {tuple(target_probs.shape)}"
+        )
+    device = draft_probs.device
+    draft = draft_probs.float()
+    target = target_probs.float()
+    ids = draft_token_ids.to(device=device, dtype=torch.int64)
+    u = rng.uniforms(
+        batch, 2 * n + 1, device, generator=generator, seed=seed, offset=offset
+    )
+    q = target[:, :n].gather(2, ids.unsqueeze(2)).squeeze(2)
+    p = draft.gather(2, ids.unsqueeze(2)).squeeze(2)
+    accept = u[:, :n] * p < q
+    # First rejected position (n when all are accepted).
+    pos = accept.to(torch.int64).cumprod(dim=1).sum(dim=1)
+    positions = torch.arange(n, device=device).unsqueeze(0)
+    again = (u[:, n : 2 * n] * p < q) & (positions >= pos.unsqueeze(1))
+    accepted = pos + again.sum(dim=1)
+    # Residual distribution at the first rejected position (the bonus: target only).
+    index = pos.view(batch, 1, 1).expand(batch, 1, vocab)
+    residual = target.gather(1, index).squeeze(1)
+    drafted = draft.gather(1, index.clamp(max=max(n - 1, 0))).squeeze(1) if n else None
+    if drafted is not None:
+        residual = (residual - drafted * (pos < n).unsqueeze(1)).clamp_(min=0)
+    token = draw_ops.draw(residual.contiguous(), u[:, 2 * n])
+    out = torch.where(positions < pos.unsqueeze(1), ids, torch.full_like(ids, -1))
+    out = torch.cat([out, torch.full_like(ids[:, :1], -1)], dim=1)
+    out.scatter_(1, pos.unsqueeze(1), token.unsqueeze(1))
+    if maybe_output_accepted_token_num is None:
+        accepted_out = torch.zeros(batch, dtype=torch.int32, device=device)
+    else:
+        accepted_out = maybe_output_accepted_token_num
+    if maybe_output_emitted_draft_token_num is None:
+        emitted_out = torch.zeros(batch, dtype=torch.int32, device=device)
+    else:
+        emitted_out = maybe_output_emitted_draft_token_num
+    accepted_out.add_(accepted.to(accepted_out.dtype))
+    emitted_out.add_(pos.to(emitted_out.dtype))
+    return out.to(torch.int32), accepted_out, emitted_out

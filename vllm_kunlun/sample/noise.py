@@ -20,19 +20,24 @@ _TINY = torch.finfo(torch.float32).tiny
 
 
 def row_uniforms(
-    batch: int, generators: Mapping[int, torch.Generator], device: torch.device
+    batch: int,
+    generators: Mapping[int, torch.Generator],
+    device: torch.device,
+    draws: int = 1,
 ) -> torch.Tensor:
-    """One U[0, 1) float32 per row: seeded rows from their own generator.
+    """(batch, draws) U[0, 1) float32: seeded rows from their own generator.
 
-    A seeded row's value depends only on its generator, never on its batch position or
+    A seeded row's values depend only on its generator, never on its batch position or
     the other rows. The batched draw is skipped when every row is seeded (as vLLM does),
-    so the global RNG is not consumed then.
+    so the global RNG is not consumed then. A ``torch.Generator`` cannot be advanced as
+    part of a batch, so each seeded row costs one small draw (vLLM's native sampler
+    does the same); everything after the uniforms is batched.
     """
-    u = torch.empty(batch, dtype=torch.float32, device=device)
+    u = torch.empty((batch, draws), dtype=torch.float32, device=device)
     if len(generators) != batch:
         u.uniform_()
     for i, generator in generators.items():
-        u[i : i + 1].uniform_(generator=generator)
+        u[i].uniform_(generator=generator)
     return u
 
 

@@ -7,11 +7,12 @@ How:
 * no per-request generators: always the kernel seam (``ops.sampling``): the vendor's
   ``top_k_top_p_sampling_from_probs`` with ``top_k = vocab`` / ``top_p = 1.0`` filled in
   when absent, or the portable torch kernel;
-* per-request generators: the portable kernel with one uniform per row, drawn by
+* per-request generators: the portable kernel with ``DRAWS`` uniforms per row, drawn by
   ``uniform_`` with the row's own generator (one batched draw for the other rows);
 * ``processed_logits`` / ``processed_logprobs``: the filtered logits are computed first
   (sort-free) and returned; sampling then runs on them unfiltered;
-* tensor parallel: TP rank 0's tokens are broadcast (``sample.tp``).
+* tensor parallel: TP rank 0's tokens are broadcast (``sample.tp``);
+* ``apply_top_k_top_p``: vLLM's function, same signature (``(logits, k, p)``), sort-free.
 Installed by the runtime patch ``kunlun_topk_topp_sampler`` (``sample.patches``).
 """
 
@@ -29,6 +30,20 @@ from vllm_kunlun.sample.tp import broadcast_from_first_rank
 _PROCESSED = ("processed_logits", "processed_logprobs")
 
 
+def apply_top_k_top_p(
+    logits: torch.Tensor,
+    k: torch.Tensor | None,
+    p: torch.Tensor | None,
+) -> torch.Tensor:
+    """vLLM's ``apply_top_k_top_p`` (same signature and semantics), without sorting.
+
+    Tokens outside top-k / top-p get -inf, in place; a ``k`` / ``p`` tensor of one value
+    applies to every row (vLLM broadcasts a single ``p``; for a single ``k`` its own code
+    takes row 0's k-th value as every row's threshold).
+    """
+    return portable.mask_logits(logits, k, p)
+
+
 class KunlunTopKTopPSampler(TopKTopPSampler):
     """Drop-in for vLLM's ``TopKTopPSampler`` (same constructor and call signature)."""
 
@@ -37,7 +52,7 @@ class KunlunTopKTopPSampler(TopKTopPSampler):
         # (forward_native on this platform).
         nn.Module.__init__(self)
         self.logprobs_mode = logprobs_mode
-        self.apply_top_k_top_p = portable.mask_logits
+        self.apply_top_k_top_p = apply_top_k_top_p
         self._kernels: SamplingKernels | None = None
 
     def kernels(self, device: torch.device) -> SamplingKernels:
@@ -56,14 +71,16 @@ class KunlunTopKTopPSampler(TopKTopPSampler):
         to_return: torch.Tensor | None = None
         keep_logits = self.logprobs_mode == "processed_logits"
         if self.logprobs_mode in _PROCESSED:
-            logits = portable.mask_logits(logits, k, p)
+            logits = apply_top_k_top_p(logits, k, p)
             if keep_logits:
                 to_return = logits
             else:
                 to_return = logits.log_softmax(dim=-1, dtype=torch.float32)
             k = p = None
         if generators:
-            uniforms = row_uniforms(logits.shape[0], generators, logits.device)
+            uniforms = row_uniforms(
+                logits.shape[0], generators, logits.device, portable.DRAWS
+            )
             tokens = portable.sample(
                 logits,
                 k,
