@@ -9,9 +9,6 @@ from __future__ import annotations
 
 __version__ = "0.1.0"
 
-KUNLUN_PLATFORM = "vllm_kunlun.platform.KunlunPlatform"
-EMULATION_PLATFORM = "vllm_kunlun.emulation.KunlunHostEmulationPlatform"
-
 
 def register() -> str | None:
     """``vllm.platform_plugins`` entry point: the platform class path, or None.
@@ -23,34 +20,14 @@ def register() -> str | None:
 
     logger = init_logger(__name__)
     try:
-        from vllm_kunlun import envs
-        from vllm_kunlun.device import probe_devices
         from vllm_kunlun.patching.runtime import apply_schema_fix
+        from vllm_kunlun.platforms import select_platform
 
         # Device or not: on torch < 2.6 no vLLM command imports vllm.config without it.
         apply_schema_fix()
-        if envs.VLLM_KUNLUN_HOST_EMULATION:
-            logger.debug("vllm-kunlun: host emulation (VLLM_KUNLUN_HOST_EMULATION=1)")
-            return EMULATION_PLATFORM
-        probe = probe_devices()
-        if probe.count > 0:
-            logger.debug(
-                "vllm-kunlun: %d Kunlun device(s) from %s", probe.count, probe.source
-            )
-            return KUNLUN_PLATFORM
-        if envs.VLLM_KUNLUN_FORCE_PLATFORM:
-            logger.debug(
-                "vllm-kunlun: no Kunlun device detected (%s), activated by "
-                "VLLM_KUNLUN_FORCE_PLATFORM=1",
-                probe.source,
-            )
-            return KUNLUN_PLATFORM
-        logger.debug(
-            "vllm-kunlun: platform not activated: no Kunlun device detected (%s). "
-            "Set VLLM_KUNLUN_FORCE_PLATFORM=1 to activate it anyway.",
-            probe.source,
-        )
-        return None
+        selection = select_platform()
+        logger.debug("vllm-kunlun: %s", selection.reason)
+        return selection.platform
     except Exception:
         # vLLM swallows this exception and silently falls back to another platform.
         logger.exception("vllm-kunlun: register() failed; the Kunlun platform is off")

@@ -17,6 +17,8 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from vllm_kunlun.platforms import EMULATION_ENV
+
 # Every word is in the tiny model's vocabulary (a test checks it).
 DEFAULT_PROMPTS = (
     "the quick brown fox jumps over the lazy dog",
@@ -24,7 +26,6 @@ DEFAULT_PROMPTS = (
     "each layer has its own key value cache",
     "one two three four five",
 )
-EMULATION_ENV = "VLLM_KUNLUN_HOST_EMULATION"
 
 
 @dataclass(frozen=True)
@@ -63,25 +64,10 @@ class DemoReport:
 
 def choose_platform() -> PlatformChoice:
     """Kunlun when a device is present (or the platform is forced), else emulation."""
-    from vllm_kunlun import envs
-    from vllm_kunlun.device import probe_devices
+    from vllm_kunlun.platforms import select_platform
 
-    if envs.VLLM_KUNLUN_HOST_EMULATION:
-        return PlatformChoice(True, f"{EMULATION_ENV}=1 is set")
-    if envs.VLLM_KUNLUN_EMULATION_VENDOR:
-        return PlatformChoice(
-            True, "VLLM_KUNLUN_EMULATION_VENDOR=1 is set (host emulation, vendor paths)"
-        )
-    probe = probe_devices()
-    if probe.count > 0:
-        return PlatformChoice(False, f"{probe.count} Kunlun device(s) ({probe.source})")
-    if envs.VLLM_KUNLUN_FORCE_PLATFORM:
-        return PlatformChoice(False, "VLLM_KUNLUN_FORCE_PLATFORM=1 is set")
-    return PlatformChoice(
-        True,
-        f"no Kunlun device detected ({probe.source}); host emulation enabled for this "
-        f"process and the engine processes it starts ({EMULATION_ENV}=1)",
-    )
+    selection = select_platform(emulate_without_device=True)
+    return PlatformChoice(selection.emulation, selection.reason)
 
 
 def run_demo(

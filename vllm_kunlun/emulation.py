@@ -26,8 +26,6 @@ if TYPE_CHECKING:
 
 logger = init_logger(__name__)
 
-EMULATION_PLATFORM = "vllm_kunlun.emulation.KunlunHostEmulationPlatform"
-
 # Backends vLLM offers that cannot run here, and why.
 _EMULATION_REFUSED_ATTN_BACKENDS = {
     AttentionBackendEnum.CPU_ATTN: "needs vllm._C CPU kernels, which do not load on "

@@ -10,7 +10,8 @@ Why, each measured on vLLM 0.15.1 + torch 2.5.1 without ``vllm._C``:
   seeded request with chunked prefill crashes on the CPU ("CPU Generator does not use
   offset"). Ours saves the generator state before sampling and restores it instead, so
   a seeded request draws the same tokens however its prompt was chunked.
-It also registers the plugin's models in the process that builds the model.
+Like ``KunlunWorker`` it applies the runtime fixes and registers the plugin's models in
+the process that builds the model (``worker.prepare_model_process``).
 Selected by the emulation platform as ``worker_cls``; removal: when vLLM's CPU runner
 handles CPU generators itself.
 """
@@ -25,7 +26,7 @@ import torch
 from vllm.v1.worker.cpu_model_runner import CPUModelRunner
 from vllm.v1.worker.cpu_worker import CPUWorker
 
-from vllm_kunlun.models import register_models
+from vllm_kunlun.worker import prepare_model_process
 
 
 class EmulationModelRunner(CPUModelRunner):
@@ -60,8 +61,7 @@ class EmulationModelRunner(CPUModelRunner):
 
 class EmulationWorker(CPUWorker):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
-        # vLLM resolves the model class in this process (see vllm_kunlun/models).
-        register_models()
+        prepare_model_process()
         super().__init__(*args, **kwargs)
 
     def init_device(self) -> None:

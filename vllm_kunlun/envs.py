@@ -49,12 +49,6 @@ def _parse_bool(name: str, raw: str) -> bool:
     )
 
 
-def _parse_optional_bool(name: str, raw: str) -> bool | None:
-    if raw.strip().lower() in ("", "auto"):
-        return None
-    return _parse_bool(name, raw)
-
-
 def _choice(*choices: str) -> Callable[[str, str], str]:
     def parse(name: str, raw: str) -> str:
         value = raw.strip().lower()
@@ -180,12 +174,12 @@ _VARS: dict[str, EnvVar] = {
         ),
         EnvVar(
             "VLLM_KUNLUN_TP_SAMPLE_BROADCAST",
-            _parse_optional_bool,
-            None,
+            _parse_bool,
+            True,
             "Sample on TP rank 0 and broadcast the token ids to the TP group, so every "
-            "rank emits the same tokens even if device RNGs differ. Default: on when "
-            "tensor parallel size > 1.",
-            "auto, 1/0",
+            "rank emits the same tokens even if device RNGs differ. Only acts when "
+            "tensor parallel size > 1; 0 lets each rank keep its own draw.",
+            "1/0",
         ),
         EnvVar(
             "VLLM_KUNLUN_PATCH_DIR",
@@ -277,5 +271,5 @@ if TYPE_CHECKING:  # names for type checkers; values come from __getattr__
     VLLM_KUNLUN_SAMPLER: str
     VLLM_KUNLUN_INT8_MM: str
     VLLM_KUNLUN_GDN: str
-    VLLM_KUNLUN_TP_SAMPLE_BROADCAST: bool | None
+    VLLM_KUNLUN_TP_SAMPLE_BROADCAST: bool
     VLLM_KUNLUN_PATCH_DIR: str | None

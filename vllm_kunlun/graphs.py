@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any
 
 from vllm_kunlun.config_defaults import _set
 from vllm_kunlun.logger import init_logger
+from vllm_kunlun.versions import install_hint
 
 if TYPE_CHECKING:
     from vllm.config import CompilationConfig, VllmConfig
@@ -131,7 +132,7 @@ def blocker(vllm_config: VllmConfig) -> tuple[str, str] | None:
     if problem is not None:
         return (
             f"runtime patch {weak_ref.NAME} cannot apply: {problem}",
-            "install vllm==0.15.1 (the validated version)",
+            install_hint("vllm") + " (the validated version)",
         )
     return None
 

@@ -49,7 +49,12 @@ from vllm_kunlun.doctor.budget import (
 from vllm_kunlun.doctor.model_path import inspect_path, missing_path_message
 from vllm_kunlun.doctor.stack import stack_status
 from vllm_kunlun.logger import init_logger
-from vllm_kunlun.patching.attribute import AttributePatch, PatchMismatch, expect_params
+from vllm_kunlun.patching.attribute import (
+    AttributePatch,
+    PatchMismatch,
+    apply_group,
+    expect_params,
+)
 from vllm_kunlun.versions import installed_version
 
 if TYPE_CHECKING:
@@ -225,13 +230,10 @@ def install() -> bool:
     (top of ``EngineArgs.__post_init__``) and the platform's ``pre_register_and_update``
     (``create_engine_config``, CLI parser), all inside arg_utils' own functions.
     """
-    if installed():
-        return False
     try:
-        for patch in _PATCHES:
-            patch.apply()
+        if not apply_group(_PATCHES):
+            return False
     except PatchMismatch as exc:
-        uninstall()
         logger.warning_once(
             "vllm-kunlun: %s; a missing local model path will surface as vLLM's own "
             "error",

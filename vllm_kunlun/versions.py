@@ -1,4 +1,8 @@
-"""The validated combination: one table for the README, the doctor and engine guards."""
+"""The validated combination: one table for the README, the doctor and engine guards.
+
+Every version the plugin names and every install command it prints comes from here
+(``component``, ``install_hint``, ``REINSTALL_VLLM``), so one edit moves them all.
+"""
 
 from __future__ import annotations
 
@@ -26,7 +30,7 @@ class Component:
     def is_known_broken(self, installed: str) -> bool:
         from packaging.specifiers import SpecifierSet
 
-        return bool(self.known_broken) and _release(installed) in SpecifierSet(
+        return bool(self.known_broken) and release(installed) in SpecifierSet(
             self.known_broken
         )
 
@@ -69,6 +73,47 @@ VALIDATED: tuple[Component, ...] = (
 )
 
 
+def component(name: str) -> Component:
+    """The table's row for ``name`` (a distribution name); KeyError when absent."""
+    for c in VALIDATED:
+        if c.name == name:
+            return c
+    raise KeyError(f"{name} is not in the validated combination")
+
+
+def validated_version(name: str) -> str | None:
+    """The exact validated version; None for vendor builds without one."""
+    return component(name).validated
+
+
+def install_hint(name: str) -> str:
+    """The command that installs the validated ``name``."""
+    return component(name).install
+
+
+def label(name: str) -> str:
+    """'kunlun_ops 0.1.58', or 'xspeedgate_ops' for a build without a pinned version."""
+    version = validated_version(name)
+    return f"{name} {version}" if version else name
+
+
+VENDOR_LIBS_HINT = (
+    f"install the vendor op libraries of the validated combination "
+    f"({label('kunlun_ops')}, {label('xspeedgate_ops')})"
+)
+
+REINSTALL_VLLM = (
+    f"pip install --no-deps --force-reinstall vllm=={validated_version('vllm')}"
+)
+"""Restores pristine vLLM files (drift, a half-applied patch set)."""
+
+WRITTEN_FOR_VLLM = (
+    f"It was written for vLLM {validated_version('vllm')} (the validated version); "
+    f"{install_hint('vllm')}, or use a vllm-kunlun release written for this vLLM."
+)
+"""The fix when an upstream object differs from what a runtime patch expects."""
+
+
 def installed_version(dist: str) -> str | None:
     try:
         return importlib.metadata.version(dist)
@@ -76,7 +121,7 @@ def installed_version(dist: str) -> str | None:
         return None
 
 
-def _release(version: str) -> str:
+def release(version: str) -> str:
     """'2.5.1+cu124' -> '2.5.1': local build tags do not change the API."""
     return version.split("+")[0]
 
@@ -110,7 +155,7 @@ def check_component(c: Component, installed: str | None) -> VersionCheck:
         return VersionCheck(c, None, "absent" if c.vendor else "missing")
     if c.validated is None:
         return VersionCheck(c, installed, "info")
-    ok = _release(installed) == c.validated
+    ok = release(installed) == c.validated
     return VersionCheck(c, installed, "ok" if ok else "mismatch")
 
 

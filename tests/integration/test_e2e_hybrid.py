@@ -233,6 +233,8 @@ def test_demo_serves_the_causal_layout_without_the_general_plugin(
     (info,) = report["serving"]
     assert info["platform"].endswith("KunlunHostEmulationPlatform")
     assert "VLLM_PLUGINS=kunlun does not include kunlun_runtime_fixes" in log
+    # The worker applied the sampling patches without the general plugin.
+    assert info["topk_topp_sampler"].endswith("KunlunTopKTopPSampler")
     got = [g["token_ids"] for g in report["generations"]]
     assert got == [row["token_ids"] for row in composite["hf_also"]["demo"]]
     assert report["output_tokens"] == DEMO_TOKENS * len(DEFAULT_PROMPTS)

@@ -1,4 +1,5 @@
-"""Filtering out the general plugin that carries the sampling patches is not silent."""
+"""Filtering out the general plugin: the workers still sample on the device, and the
+missing front-end guards are not silent."""
 
 from __future__ import annotations
 
@@ -35,3 +36,25 @@ def test_filtered_general_plugin_is_named_with_the_fix(tmp_path: Path) -> None:
 def test_no_warning_when_both_plugins_are_allowed(tmp_path: Path) -> None:
     log = _engine_config_log(tmp_path, "kunlun,kunlun_runtime_fixes")
     assert WARNING not in log
+
+
+WORKER_CODE = """
+from vllm.platforms import current_platform
+assert type(current_platform).__name__ == "KunlunPlatform", current_platform
+from vllm.v1.sample.sampler import Sampler
+before = type(Sampler().topk_topp_sampler).__name__
+from vllm_kunlun.worker import prepare_model_process
+prepare_model_process()  # what KunlunWorker.__init__ runs first
+after = type(Sampler().topk_topp_sampler).__name__
+print("SAMPLERS", before, after)
+"""
+
+
+def test_worker_applies_the_sampler_patch_without_the_general_plugin() -> None:
+    """VLLM_PLUGINS=kunlun: no general plugin, yet the worker's process samples with
+    ours (before: vLLM's TopKTopPSampler, the CPU exponential_ path on Kunlun)."""
+    proc = run_python(
+        WORKER_CODE, env={"FAKE_XMLIR_DEVICES": "8", "VLLM_PLUGINS": "kunlun"}
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "SAMPLERS TopKTopPSampler KunlunTopKTopPSampler" in proc.stdout

@@ -11,7 +11,6 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pytest
 import torch
 from vllm.platforms import current_platform  # noqa: F401  (resolves the platform)
@@ -19,7 +18,6 @@ from vllm.v1.sample import rejection_sampler, sampler
 from vllm.v1.sample.logits_processor import LogitsProcessors
 from vllm.v1.sample.metadata import SamplingMetadata
 from vllm.v1.sample.ops import topk_topp_sampler as upstream_topk_topp
-from vllm.v1.spec_decode import eagle
 
 from tests.unit.sampler_reference import (
     ALPHA,
@@ -35,7 +33,6 @@ ORIGINAL = {
     "sampler": sampler.TopKTopPSampler,
     "recovered": rejection_sampler.sample_recovered_tokens,
     "rejection": rejection_sampler.rejection_sample,
-    "eagle": eagle.compute_probs_and_sample_next_token,
 }
 
 
@@ -114,7 +111,6 @@ def test_sampler_builds_ours_and_revert_restores_vllms() -> None:
         patch.apply()
     assert rejection_sampler.sample_recovered_tokens is not ORIGINAL["recovered"]
     assert rejection_sampler.rejection_sample.__wrapped__ is ORIGINAL["rejection"]
-    assert eagle.compute_probs_and_sample_next_token is not ORIGINAL["eagle"]
 
 
 def test_a_changed_upstream_is_named_not_patched(
@@ -408,11 +404,6 @@ def test_no_exponential_on_any_sampling_path(no_exponential: None) -> None:
             sampling_metadata=md, device=torch.device("cpu"), **inputs
         )
         assert out.shape == (batch,)
-    tokens, probs = eagle.compute_probs_and_sample_next_token(
-        logits.clone(),
-        metadata(batch, temperature=torch.tensor([0.0, 1, 1, 1, 0.7, 1])),
-    )
-    assert tokens.shape == (batch,) and probs.shape == (batch, vocab)
 
 
 def test_the_guard_catches_vllms_own_paths(no_exponential: None) -> None:
@@ -425,8 +416,6 @@ def test_the_guard_catches_vllms_own_paths(no_exponential: None) -> None:
         ORIGINAL["recovered"](
             sampling_metadata=metadata(2), device=torch.device("cpu"), **inputs
         )
-    with pytest.raises(AssertionError, match="exponential_"):
-        ORIGINAL["eagle"](torch.randn(2, 10), metadata(2))
 
 
 # ---- distributions of the spec-decode helpers --------------------------------------
@@ -460,17 +449,6 @@ def test_recovered_tokens_follow_the_residual_distribution(
         residual[draft_token] = 0.0
     residual /= residual.sum()
     assert chi_square_pvalue(out.long().numpy(), residual) > ALPHA
-
-
-def test_eagle_draft_sampling_follows_the_tempered_distribution() -> None:
-    row = torch.randn(80, generator=torch.Generator().manual_seed(29))
-    torch.manual_seed(30)
-    tokens, probs = eagle.compute_probs_and_sample_next_token(
-        row.expand(N, -1).contiguous(), metadata(N, temperature=0.6)
-    )
-    assert torch.allclose(probs[0], (row / 0.6).softmax(-1))
-    expected = reference(row / 0.6, None, None)
-    assert chi_square_pvalue(tokens.long().numpy(), np.asarray(expected)) > ALPHA
 
 
 def test_sampler_benchmark_runs_every_mode_small() -> None:

@@ -62,7 +62,8 @@ STATE_ELEMS_PER_LAYER_TP8 = 102144
 #   bfloat16 page 204288 B -> block 16 x 13 = 208 tokens -> 212992 B
 FP32_PAGE_TP8, BF16_PAGE_TP8 = 409_600, 212_992
 FP32_STATE_256 = 256 * 48 * FP32_PAGE_TP8  # 5_033_164_800 B = 4.6875 GiB -> "4.69 GiB"
-SAMPLER_256 = 4 * 256 * 151936 * 4  # 622_329_856 B = 0.58 GiB
+# logits + probabilities, float32 (the device sampler makes no noise or sorted copy)
+SAMPLER_256 = 2 * 256 * 151936 * 4  # 311_164_928 B = 0.29 GiB
 
 
 def _model_dir(
@@ -120,8 +121,8 @@ def test_the_logs_oom_at_0_9_and_the_largest_safe_utilization(tmp_path: Path) ->
     """TP 8, 256 seqs, float32 GDN state: 4.69 GiB, the log's figure.
 
     beside the KV cache at 0.9: 0.1 x 96 GiB = 9.60 GiB
-    needed: 4.6875 state + 0.58 sampler + 6.00 reserve = 11.27 GiB  -> warn
-    largest safe: floor((96 - 11.2671) / 96, 0.01) = floor(0.8826) = 0.88
+    needed: 4.6875 state + 0.29 sampler + 6.00 reserve = 10.98 GiB  -> warn
+    largest safe: floor((96 - 10.9773) / 96, 0.01) = floor(0.8857) = 0.88
     """
     model = _model_dir(tmp_path, FLAT)
     f = _check(
@@ -141,7 +142,7 @@ def test_the_logs_oom_at_0_9_and_the_largest_safe_utilization(tmp_path: Path) ->
     arithmetic = "\n".join(f.details["arithmetic"])
     assert "vLLM budget = 0.90 x 96.00 GiB = 86.40 GiB" in arithmetic
     assert "KV cache <= budget - weights = 83.14 GiB" in arithmetic
-    assert "needed beside = 11.27 GiB > 9.60 GiB" in arithmetic
+    assert "needed beside = 10.98 GiB > 9.60 GiB" in arithmetic
     assert (
         "state page per GDN layer and sequence = 408576 B, padded by vLLM to one "
         "attention page of 400 tokens = 409600 B" in arithmetic
@@ -162,7 +163,7 @@ def test_0_75_worked_in_the_log(tmp_path: Path) -> None:
 
 
 def test_bf16_state_pads_to_a_smaller_block(tmp_path: Path) -> None:
-    # 256 x 48 x 212992 B = 2.44 GiB state + 6.58 headroom = 9.02 GiB <= 9.60: fits
+    # 256 x 48 x 212992 B = 2.44 GiB state + 6.29 headroom = 8.73 GiB <= 9.60: fits
     model = _model_dir(tmp_path, NESTED)
     f = _check(model, tensor_parallel_size=8, max_num_seqs=256)
     assert f.details["state_bytes"] == 256 * 48 * BF16_PAGE_TP8

@@ -25,7 +25,7 @@ def test_defaults() -> None:
     assert envs.VLLM_KUNLUN_BUILD_EXT is True
     assert envs.VLLM_KUNLUN_SCHEMA_FIX is True
     assert envs.VLLM_KUNLUN_SAMPLER == "auto"
-    assert envs.VLLM_KUNLUN_TP_SAMPLE_BROADCAST is None
+    assert envs.VLLM_KUNLUN_TP_SAMPLE_BROADCAST is True
     assert envs.VLLM_KUNLUN_EMULATION_KV_CACHE_GIB == 1.0
 
 
@@ -58,11 +58,13 @@ def test_values_are_read_at_access_not_import(monkeypatch: pytest.MonkeyPatch) -
     assert envs.VLLM_KUNLUN_SAMPLER == "portable"
 
 
-def test_optional_bool_auto(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("VLLM_KUNLUN_TP_SAMPLE_BROADCAST", "auto")
-    assert envs.VLLM_KUNLUN_TP_SAMPLE_BROADCAST is None
+def test_tp_broadcast_is_on_or_off(monkeypatch: pytest.MonkeyPatch) -> None:
+    """1 and 0 only: an "auto" that behaved exactly as 1 is gone."""
     monkeypatch.setenv("VLLM_KUNLUN_TP_SAMPLE_BROADCAST", "0")
     assert envs.VLLM_KUNLUN_TP_SAMPLE_BROADCAST is False
+    monkeypatch.setenv("VLLM_KUNLUN_TP_SAMPLE_BROADCAST", "auto")
+    with pytest.raises(ValueError, match="is not a boolean"):
+        _ = envs.VLLM_KUNLUN_TP_SAMPLE_BROADCAST
 
 
 @pytest.mark.parametrize(

@@ -19,7 +19,7 @@ from vllm.v1.worker import mamba_utils
 
 from vllm_kunlun.models import patches
 from vllm_kunlun.ops import gdn
-from vllm_kunlun.patching.attribute import PatchMismatch
+from vllm_kunlun.patching.attribute import PatchMismatch, apply_group
 
 
 @pytest.fixture
@@ -34,11 +34,11 @@ def clean() -> Iterator[None]:
 
 def test_kernel_names_route_through_the_seam_and_revert(clean: None) -> None:
     originals = {op: getattr(qwen3_next, op) for op in gdn.OPS}
-    assert patches._apply_group(patches.KERNEL_PATCHES)
+    assert apply_group(patches.KERNEL_PATCHES)
     for op, original in originals.items():
         routed = getattr(qwen3_next, op)
         assert routed is not original and routed.__wrapped__ is original
-    assert not patches._apply_group(patches.KERNEL_PATCHES)  # idempotent
+    assert not apply_group(patches.KERNEL_PATCHES)  # idempotent
     patches.revert_all()
     assert {op: getattr(qwen3_next, op) for op in gdn.OPS} == originals
 
@@ -211,7 +211,7 @@ def _copy(src_idx: int, dest_idx: int, bias: int) -> tuple[list, list]:
 
 
 def test_block_copy_moves_the_running_state(clean: None) -> None:
-    patches._apply_group(patches.COPY_PATCHES)
+    apply_group(patches.COPY_PATCHES)
     (conv0, ssm0), (conv, ssm) = _copy(src_idx=0, dest_idx=2, bias=0)
     # get_conv_copy_spec / get_temporal_copy_spec with one accepted token: block 3 -> 7.
     assert torch.equal(conv[7], conv0[3]) and torch.equal(ssm[7], ssm0[3])
@@ -221,7 +221,7 @@ def test_block_copy_moves_the_running_state(clean: None) -> None:
 
 
 def test_block_copy_honours_accepted_token_offsets(clean: None) -> None:
-    patches._apply_group(patches.COPY_PATCHES)
+    apply_group(patches.COPY_PATCHES)
     (conv0, ssm0), (conv, ssm) = _copy(src_idx=0, dest_idx=2, bias=1)
     # Two accepted tokens: conv rows from index 1 of block 3 land at the start of
     # block 7; the SSM state comes from the next block (5).
@@ -231,7 +231,7 @@ def test_block_copy_honours_accepted_token_offsets(clean: None) -> None:
 
 
 def test_same_block_without_offset_copies_nothing(clean: None) -> None:
-    patches._apply_group(patches.COPY_PATCHES)
+    apply_group(patches.COPY_PATCHES)
     (conv0, ssm0), (conv, ssm) = _copy(src_idx=1, dest_idx=1, bias=0)
     assert torch.equal(conv, conv0) and torch.equal(ssm, ssm0)
 
@@ -303,5 +303,5 @@ def test_a_mismatch_applies_nothing_of_the_group(
     monkeypatch.setattr(mamba_utils, "collect_mamba_copy_meta", collect)
     original_do = mamba_utils.do_mamba_copy_block
     with pytest.raises(PatchMismatch, match="kunlun_mamba_copy_block not applied"):
-        patches._apply_group(patches.COPY_PATCHES)
+        apply_group(patches.COPY_PATCHES)
     assert mamba_utils.do_mamba_copy_block is original_do

@@ -14,6 +14,7 @@ import vllm_kunlun
 from vllm_kunlun import models
 from vllm_kunlun.emulation import KunlunHostEmulationPlatform
 from vllm_kunlun.platform import KunlunPlatform
+from vllm_kunlun.platforms import EMULATION_PLATFORM
 
 
 @pytest.fixture
@@ -114,7 +115,7 @@ def test_the_platform_entry_point_registers_nothing(
     registry: dict[str, Any], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("VLLM_KUNLUN_HOST_EMULATION", "1")
-    assert vllm_kunlun.register() == vllm_kunlun.EMULATION_PLATFORM
+    assert vllm_kunlun.register() == EMULATION_PLATFORM
     assert not set(models.ARCHITECTURES) & set(ModelRegistry.models)
 
 

@@ -17,7 +17,7 @@ from vllm_kunlun.cli import main
 from vllm_kunlun.doctor.finding import Context
 from vllm_kunlun.doctor.patchset import check_patchset
 from vllm_kunlun.patching import wrap_triton
-from vllm_kunlun.patching.torch_fixes import runtime_fix_states
+from vllm_kunlun.patching.registry import torch_fix_states as runtime_fix_states
 from vllm_kunlun.quantization import patches as int8_patches
 
 QUTLASS = "vllm.model_executor.layers.quantization.qutlass_utils"
@@ -101,7 +101,7 @@ def test_doctor_and_patch_status_list_the_runtime_fixes(
     out = json.loads(capsys.readouterr().out)
     assert out["runtime_fixes"]["torch_wrap_triton"] == states["torch_wrap_triton"]
     main(["patch", "status"])
-    assert "runtime fixes (no file changes" in capsys.readouterr().out
+    assert "runtime patches (no file changes" in capsys.readouterr().out
 
 
 # ---- kunlun_int8_scaled_mm_kernel -----------------------------------------------------

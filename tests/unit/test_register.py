@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 import vllm_kunlun
+from vllm_kunlun.platforms import KUNLUN_PLATFORM
 
 
 @pytest.fixture(autouse=True)
@@ -28,8 +29,8 @@ def test_platform_path_with_devices_on_every_call(
 ) -> None:
     monkeypatch.setenv("FAKE_XMLIR_DEVICES", "8")
     before = set(sys.modules)
-    assert vllm_kunlun.register() == vllm_kunlun.KUNLUN_PLATFORM
-    assert vllm_kunlun.register() == vllm_kunlun.KUNLUN_PLATFORM
+    assert vllm_kunlun.register() == KUNLUN_PLATFORM
+    assert vllm_kunlun.register() == KUNLUN_PLATFORM
     # Deciding does not import the platform (that is vLLM's step, after all plugins).
     assert "vllm_kunlun.platform" not in set(sys.modules) - before
 
@@ -40,7 +41,7 @@ def test_zero_devices_is_none_unless_forced(
     monkeypatch.setenv("FAKE_XMLIR_DEVICES", "0")
     assert vllm_kunlun.register() is None
     monkeypatch.setenv("VLLM_KUNLUN_FORCE_PLATFORM", "1")
-    assert vllm_kunlun.register() == vllm_kunlun.KUNLUN_PLATFORM
+    assert vllm_kunlun.register() == KUNLUN_PLATFORM
 
 
 def test_bad_variable_raises_after_logging(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -60,8 +60,8 @@ def test_vendor_library_without_the_kernel_says_why(
     kernels = sampling.select_kernels(CUDA)
     assert kernels.name == "portable"
     assert kernels.reason == (
-        "kunlun_ops (0.1.58) has no top_k_top_p_sampling_from_probs; the validated "
-        "kunlun_ops 0.1.58 has it"
+        "kunlun_ops (0.1.58) has no top_k_top_p_sampling_from_probs (the validated "
+        "kunlun_ops 0.1.58 has it)"
     )
 
 

@@ -340,7 +340,9 @@ def test_missing_kernel_falls_back_with_the_reason(
     assert not layer.kunlun_route.ready
     st = kernels.status()["silu_and_mul"]
     assert (st["vendor_calls"], st["native_calls"]) == (0, 2)
-    assert st["native_reasons"] == ["kunlun_ops (0.1.58) has no silu_and_mul"]
+    assert st["native_reasons"] == [
+        "kunlun_ops (0.1.58) has no silu_and_mul (the validated kunlun_ops 0.1.58 has it)"
+    ]
 
 
 def test_kernel_that_raises_closes_the_route_and_says_why_once(

@@ -13,7 +13,6 @@ from __future__ import annotations
 from typing import Any
 
 PORTABLE_BACKEND_PATH = "vllm_kunlun.attention.backend.PortableAttentionBackend"
-SELECTOR_NAME = "CUSTOM"
 
 
 def register() -> str:

@@ -17,8 +17,8 @@ The model used here, per card:
                              attention block grows in steps of 16 tokens until one
                              attention page holds a state page, and the state page is
                              padded to exactly that attention page
-     activation headroom     sampler buffers (4 float32 [max_num_seqs, vocab] tensors
-                             in one sampling step) + a runtime reserve (Kunlun runtime,
+     activation headroom     sampler buffers (2 float32 [max_num_seqs, vocab] tensors
+                             in one sampling step: logits and probabilities) + a runtime reserve (Kunlun runtime,
                              collective buffers, allocator fragmentation)
   largest safe U = floor_0.01((D - state - headroom) / D)
 
@@ -45,9 +45,11 @@ KERNEL_BLOCK_ALIGNMENT = 16
 P800_MEMORY_BYTES = 96 * GIB
 """One P800 card: 103.1 GB (decimal) = 96 GiB."""
 DEFAULT_RESERVE_GIB = 6.0
-SAMPLER_BUFFERS = 4
-"""float32 [max_num_seqs, vocab] tensors alive in one sampling step: logits, probs,
-exponential noise, and the sorted copy top-k/top-p makes."""
+SAMPLER_BUFFERS = 2
+"""float32 [max_num_seqs, vocab] tensors alive in one sampling step with the plugin's
+sampler: the logits and the probabilities the vendor kernel draws from. (vLLM's own
+sampler also made an exponential-noise tensor and a sorted copy: four; the log's
+~0.6 GiB.)"""
 # transformers' default layer pattern for hybrid configs without ``layer_types``
 # (every ``full_attention_interval``-th layer is full attention, default 4).
 _INTERVAL_DEFAULT_TYPES = ("qwen3_next", "qwen3_5", "qwen3_5_text", "qwen3_5_moe")

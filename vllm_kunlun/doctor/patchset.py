@@ -5,7 +5,8 @@ here the patch engine (vllm_kunlun.patching.engine) reports each patch of the se
 applied, not applied, or drifted (the file matches neither the pre-patch nor the patched
 sha256 of the manifest: edited by hand or by another tool). The torch-level runtime
 fixes that stand in for file patches (``schema_pep585``, ``torch_wrap_triton``) are
-listed beside it: needed or not on this torch, and whether they can apply.
+judged beside it (needed or not on this torch, and whether they can apply), and every
+runtime patch of ``patching/registry.py`` is listed in the details.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from collections.abc import Callable
 from typing import Any
 
 from vllm_kunlun.doctor.finding import Context, Finding
+from vllm_kunlun.versions import REINSTALL_VLLM, label
 
 Summary = Callable[[], tuple[int, int, dict[str, str]]]
 RuntimeFixes = Callable[[], dict[str, str]]
@@ -26,14 +28,19 @@ def _engine_summary() -> tuple[int, int, dict[str, str]]:
 
 
 def _runtime_fixes() -> dict[str, str]:
-    from vllm_kunlun.patching.torch_fixes import runtime_fix_states
+    from vllm_kunlun.patching.registry import torch_fix_states
 
-    return runtime_fix_states()
+    return torch_fix_states()
 
 
 def _with_runtime_fixes(finding: Finding, fixes: dict[str, str]) -> Finding:
-    """Name the runtime fixes in the cause; a fix that cannot apply is a warning."""
+    """Name the runtime fixes in the cause; a fix that cannot apply is a warning.
+
+    Every runtime patch of the registry goes into the details, with its state."""
+    from vllm_kunlun.patching.registry import describe
+
     finding.details["runtime_fixes"] = fixes
+    finding.details["runtime_patches"] = describe()
     broken = {n: s for n, s in fixes.items() if s.startswith(("CANNOT", "OFF"))}
     needed = [n for n, s in fixes.items() if s.startswith(("needed", "applied"))]
     if needed:
@@ -45,7 +52,7 @@ def _with_runtime_fixes(finding: Finding, fixes: dict[str, str]) -> Finding:
         if finding.status in ("ok", "skip"):
             finding.status = "warn"
             finding.fix = (
-                "install the validated torch 2.5.1 / vllm 0.15.1, and leave "
+                f"install the validated {label('torch')} / {label('vllm')}, and leave "
                 "VLLM_KUNLUN_SCHEMA_FIX at its default (1)"
             )
     return finding
@@ -85,8 +92,8 @@ def _check_files(summary: Summary) -> Finding:
             "fail",
             f"patch_torch251 {applied}/{total} applied; drifted (files edited outside "
             f"the engine): {', '.join(drifted)}",
-            "reinstall the pristine files with `pip install --no-deps "
-            "--force-reinstall vllm==0.15.1`, then run `vllm-kunlun patch apply`",
+            f"reinstall the pristine files with `{REINSTALL_VLLM}`, then run "
+            "`vllm-kunlun patch apply`",
             details,
         )
     if missing:

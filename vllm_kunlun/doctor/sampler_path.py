@@ -23,6 +23,7 @@ from typing import Any
 import torch
 
 from vllm_kunlun.doctor.finding import Context, Finding
+from vllm_kunlun.versions import install_hint, label
 
 PROBE_BATCH = 8
 PROBE_VOCAB = 4096
@@ -183,7 +184,7 @@ def check_sampler_path(ctx: Context) -> Finding:
             "fail",
             f"the sampler patch does not fit this vLLM ({broken_patch}): vLLM's own "
             "sampler would draw Tensor.exponential_ noise on the CPU",
-            "install vllm==0.15.1 (the validated version)",
+            install_hint("vllm") + " (the validated version)",
             details,
         )
     if probe.problems:
@@ -207,8 +208,8 @@ def check_sampler_path(ctx: Context) -> Finding:
             "sampler_path",
             "warn",
             cause,
-            "install the vendor op library of the validated stack (kunlun_ops 0.1.58) "
-            "for the vendor sampling kernel",
+            "install the vendor op library of the validated stack "
+            f"({label('kunlun_ops')}) for the vendor sampling kernel",
             details,
         )
     return Finding("sampler_path", "ok", cause, details=details)

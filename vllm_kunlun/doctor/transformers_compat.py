@@ -15,8 +15,9 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from vllm_kunlun.doctor.finding import Context, Finding
+from vllm_kunlun.versions import install_hint
 
-FIX = "pip install --no-deps --force-reinstall transformers==5.2.0"
+FIX = install_hint("transformers")
 
 # (module, class) pairs vLLM may get from AutoImageProcessor for Qwen2-VL models.
 PROCESSORS = (

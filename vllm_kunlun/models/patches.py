@@ -50,7 +50,7 @@ import torch
 from vllm_kunlun.logger import init_logger
 from vllm_kunlun.patching.attribute import (
     AttributePatch,
-    PatchMismatch,
+    apply_group,
     expect_call,
     expect_params,
 )
@@ -408,22 +408,6 @@ PATCH_GROUPS: dict[str, tuple[AttributePatch, ...]] = {
 }
 
 
-def _apply_group(patches: tuple[AttributePatch, ...]) -> bool:
-    """All patches of a group or none; True when this call applied them."""
-    if all(p.applied() for p in patches):
-        return False
-    for p in patches:
-        problem = p.mismatch() if not p.applied() else None
-        if problem is not None:
-            raise PatchMismatch(
-                f"runtime patch {p.name} not applied: {problem}. It was written for "
-                "vLLM 0.15.1 (the validated version); install vllm==0.15.1."
-            )
-    for p in patches:
-        p.apply()
-    return True
-
-
 def apply_all() -> list[str]:
     """Apply every hybrid-model patch not yet applied; returns the names applied now.
 
@@ -441,7 +425,7 @@ def apply_all() -> list[str]:
                     why,
                 )
                 continue
-        if _apply_group(patches):
+        if apply_group(patches):
             done.append(name)
     if done:
         logger.info(

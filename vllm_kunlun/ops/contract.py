@@ -10,7 +10,10 @@ Keys: vendor module -> function name -> keyword arguments we pass.
 from __future__ import annotations
 
 VENDOR_CONTRACT: dict[str, dict[str, tuple[str, ...]]] = {
-    "torch_xmlir": {},
+    "torch_xmlir": {
+        # vllm_kunlun/ops/vendor.py: the device count (torch.xpu's is an Intel stub).
+        "_XMLIRC._xpu_get_devices_number": (),
+    },
     "kunlun_ops": {
         # vllm_kunlun/ops/sampling.py: flashinfer's API; probs is passed positionally.
         "top_k_top_p_sampling_from_probs": ("top_k", "top_p", "deterministic"),

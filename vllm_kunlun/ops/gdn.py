@@ -33,7 +33,7 @@ from typing import Any
 
 import torch
 
-from vllm_kunlun import envs
+from vllm_kunlun import envs, versions
 from vllm_kunlun.logger import init_logger
 from vllm_kunlun.ops import gdn_portable as portable
 from vllm_kunlun.ops import vendor
@@ -88,14 +88,8 @@ def vendor_function(op: str) -> tuple[Callable[..., Any] | None, str]:
     name = VENDOR_FUNCTIONS.get(op)
     if name is None:
         return None, f"no vendor kernel is wired for {op}"
-    module, reason = vendor.try_load(VENDOR_MODULE)
-    if module is None:
-        return None, reason
-    fn = getattr(module, name, None)
-    if not callable(fn):
-        version = getattr(module, "__version__", "unknown version")
-        return None, f"{VENDOR_MODULE} ({version}) has no {name}"
-    return fn, f"{VENDOR_MODULE}.{name} is available"
+    fn, reason = vendor.function(VENDOR_MODULE, name)
+    return fn, (f"{reason} is available" if fn is not None else reason)
 
 
 def choose(op: str, device: torch.device) -> GdnChoice:
@@ -113,8 +107,8 @@ def choose(op: str, device: torch.device) -> GdnChoice:
         if fn is None and op in VENDOR_FUNCTIONS:
             raise RuntimeError(
                 f"VLLM_KUNLUN_GDN=vendor, but {vendor_why}. Install the vendor op "
-                "library of the validated combination (kunlun_ops 0.1.58), or set "
-                "VLLM_KUNLUN_GDN=auto."
+                "library of the validated combination "
+                f"({versions.label('kunlun_ops')}), or set VLLM_KUNLUN_GDN=auto."
             )
         choice = (
             GdnChoice(op, VENDOR, f"VLLM_KUNLUN_GDN=vendor; {vendor_why}")

@@ -35,7 +35,7 @@ from typing import Any
 
 import torch
 
-from vllm_kunlun import envs
+from vllm_kunlun import envs, versions
 from vllm_kunlun.logger import init_logger
 from vllm_kunlun.ops import int8_mm_portable as portable
 from vllm_kunlun.ops import vendor
@@ -158,32 +158,25 @@ class Int8Kernels:
 
 def load_vendor() -> tuple[VendorInt8 | None, str]:
     """The vendor functions, or None and what is missing."""
-    kunlun, why = vendor.try_load("kunlun_ops")
-    if kunlun is None:
-        return None, why
-    xsg, why = vendor.try_load("xspeedgate_ops")
-    if xsg is None:
-        return None, why
-    missing = [
-        f"kunlun_ops.{n}" for n in KUNLUN_OPS if not callable(getattr(kunlun, n, None))
-    ]
-    ops = {}
-    for name in XSPEEDGATE_OPS:
-        try:
-            ops[name] = getattr(torch.ops.xspeedgate_ops, name)
-        except (AttributeError, RuntimeError):
-            missing.append(f"torch.ops.xspeedgate_ops.{name}")
+    found: dict[str, Any] = {}
+    missing = []
+    for module, names in (
+        ("kunlun_ops", KUNLUN_OPS),
+        ("xspeedgate_ops", XSPEEDGATE_OPS),
+    ):
+        for name in names:
+            fn, why = vendor.function(module, name)
+            if fn is None:
+                missing.append(why)
+            found[name] = fn
     if missing:
-        versions = ", ".join(
-            f"{m.__name__} {getattr(m, '__version__', 'unknown version')}"
-            for m in (kunlun, xsg)
-        )
-        return None, (
-            f"{versions}: missing {', '.join(missing)} (the validated kunlun_ops 0.1.58 "
-            "and its xspeedgate_ops have them)"
-        )
+        return None, "; ".join(dict.fromkeys(missing))
     return (
-        VendorInt8(kunlun.quant2d, kunlun.matmul, ops),
+        VendorInt8(
+            found["quant2d"],
+            found["matmul"],
+            {name: found[name] for name in XSPEEDGATE_OPS},
+        ),
         "kunlun_ops and xspeedgate_ops int8 ops are available",
     )
 
@@ -203,8 +196,8 @@ def select_kernels(device: torch.device | str) -> Int8Kernels:
         device,
         load_vendor,
         cpu_reason="the tensors are on the CPU",
-        demanded_fix="Install the vendor op libraries of the validated combination "
-        "(kunlun_ops 0.1.58, xspeedgate_ops)",
+        demanded_fix=versions.VENDOR_LIBS_HINT[0].upper()
+        + versions.VENDOR_LIBS_HINT[1:],
         fallback_warning="vllm-kunlun: W8A8 int8 layers on %s use the portable torch "
         "kernels, not the vendor kernels: %s",
     )

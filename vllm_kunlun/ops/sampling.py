@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import torch
 
-from vllm_kunlun import envs
+from vllm_kunlun import envs, versions
 from vllm_kunlun.logger import init_logger
 from vllm_kunlun.ops import sampling_portable as portable
 from vllm_kunlun.ops import vendor
@@ -90,17 +90,8 @@ def vendor_sample(
 
 
 def _vendor_function() -> tuple[Callable[..., torch.Tensor] | None, str]:
-    module, reason = vendor.try_load(VENDOR_MODULE)
-    if module is None:
-        return None, reason
-    fn = getattr(module, VENDOR_FUNCTION, None)
-    if not callable(fn):
-        version = getattr(module, "__version__", "unknown version")
-        return None, (
-            f"{VENDOR_MODULE} ({version}) has no {VENDOR_FUNCTION}; the validated "
-            "kunlun_ops 0.1.58 has it"
-        )
-    return fn, f"{VENDOR_MODULE}.{VENDOR_FUNCTION} is available"
+    fn, reason = vendor.function(VENDOR_MODULE, VENDOR_FUNCTION)
+    return fn, (f"{reason} is available" if fn is not None else reason)
 
 
 def select_kernels(device: torch.device) -> SamplingKernels:
@@ -111,8 +102,8 @@ def select_kernels(device: torch.device) -> SamplingKernels:
         device,
         _vendor_function,
         cpu_reason="the logits are on the CPU",
-        demanded_fix="Install the vendor op library of the validated combination "
-        "(kunlun_ops 0.1.58)",
+        demanded_fix=f"Install the vendor op library of the validated combination "
+        f"({versions.label('kunlun_ops')})",
         fallback_warning="vllm-kunlun: sampling on %s uses the portable torch kernels, "
         "not the vendor kernel: %s",
     )

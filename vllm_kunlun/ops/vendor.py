@@ -63,11 +63,37 @@ def function(module_name: str, name: str) -> tuple[Callable[..., Any] | None, st
     module, reason = try_load(module_name)
     if module is None:
         return None, reason
-    fn = getattr(module, name, None)
+    fn = resolve(module, name)
     if not callable(fn):
         version = getattr(module, "__version__", "unknown version")
-        return None, f"{module_name} ({version}) has no {name}"
+        return None, f"{module_name} ({version}) has no {name}{_validated(module_name)}"
     return fn, f"{module_name}.{name}"
+
+
+def resolve(module: ModuleType, dotted: str) -> Any:
+    """``module.dotted`` (dots walk attributes), else the torch custom op
+    ``torch.ops.<module>.<dotted>`` the module registered on import (xspeedgate_ops'
+    kernels live only there); None when neither exists."""
+    obj: Any = module
+    for part in dotted.split("."):
+        obj = getattr(obj, part, None)
+        if obj is None:
+            break
+    if obj is not None:
+        return obj
+    import torch
+
+    try:
+        return getattr(getattr(torch.ops, module.__name__), dotted)
+    except (AttributeError, RuntimeError):
+        return None
+
+
+def _validated(module_name: str) -> str:
+    from vllm_kunlun.versions import validated_version
+
+    version = validated_version(module_name)
+    return f" (the validated {module_name} {version} has it)" if version else ""
 
 
 def xmlir_device_count() -> tuple[int, str]:
@@ -76,11 +102,11 @@ def xmlir_device_count() -> tuple[int, str]:
     ``torch.xpu.device_count()`` is an Intel stub on Kunlun's torch build and always
     reports 0; the count to trust is ``torch_xmlir._XMLIRC._xpu_get_devices_number()``.
     """
-    module, reason = try_load("torch_xmlir")
-    if module is None:
+    get_count, reason = function("torch_xmlir", "_XMLIRC._xpu_get_devices_number")
+    if get_count is None:
         return 0, reason
     try:
-        count = int(module._XMLIRC._xpu_get_devices_number())
+        count = int(get_count())
     except Exception as exc:
         return 0, (
             "torch_xmlir._XMLIRC._xpu_get_devices_number() failed "

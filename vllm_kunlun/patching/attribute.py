@@ -19,6 +19,8 @@ from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any
 
+from vllm_kunlun.versions import WRITTEN_FOR_VLLM
+
 _MISSING = object()
 
 
@@ -70,9 +72,7 @@ class AttributePatch:
         problem = self.mismatch()
         if problem is not None:
             raise PatchMismatch(
-                f"runtime patch {self.name} not applied: {problem}. It was written for "
-                "vLLM 0.15.1 (the validated version); install vllm==0.15.1 or "
-                "use a vllm-kunlun release written for this vLLM."
+                f"runtime patch {self.name} not applied: {problem}. {WRITTEN_FOR_VLLM}"
             )
         owner, name = self._owner()
         current = getattr(owner, name, _MISSING)
@@ -103,6 +103,32 @@ def _lookup(module: ModuleType, dotted: str) -> Any:
         if obj is _MISSING:
             break
     return obj
+
+
+def apply_group(patches: tuple[AttributePatch, ...]) -> bool:
+    """All patches of one registry entry, or none; True when this call applied them.
+
+    Every target is checked before any is replaced, and a failure part-way reverts
+    what this call installed, so no half-patched state is ever left.
+    """
+    if all(p.applied() for p in patches):
+        return False
+    for p in patches:
+        problem = None if p.applied() else p.mismatch()
+        if problem is not None:
+            raise PatchMismatch(
+                f"runtime patch {p.name} not applied: {problem}. {WRITTEN_FOR_VLLM}"
+            )
+    done: list[AttributePatch] = []
+    try:
+        for p in patches:
+            if p.apply():
+                done.append(p)
+    except Exception:
+        for p in reversed(done):
+            p.revert()
+        raise
+    return True
 
 
 class PatchMismatch(RuntimeError):

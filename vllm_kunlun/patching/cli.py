@@ -62,13 +62,19 @@ def run(args: argparse.Namespace) -> int:
     try:
         if args.patch_action == "status":
             report = engine.status(**kwargs, lock_timeout=args.lock_timeout)
-            fixes = _runtime_fixes()
-            # the runtime fixes go above the summary line, which stays last
+            from vllm_kunlun.patching import registry
+
+            runtime = registry.describe()
+            # the runtime patches go above the summary line, which stays last
             body, _, summary = _render_status(report).rpartition("\n")
             _emit(
                 args,
-                {**report.to_json(), "runtime_fixes": fixes},
-                body + _render_runtime_fixes(fixes) + "\n" + summary,
+                {
+                    **report.to_json(),
+                    "runtime_fixes": registry.torch_fix_states(),
+                    "runtime_patches": runtime,
+                },
+                body + _render_runtime_patches(runtime) + "\n" + summary,
             )
             if report.pair_problem is not None:
                 return EXIT_REFUSED
@@ -107,16 +113,13 @@ def run(args: argparse.Namespace) -> int:
         return EXIT_INCONSISTENT if isinstance(exc, RollbackFailed) else EXIT_REFUSED
 
 
-def _runtime_fixes() -> dict[str, str]:
-    from vllm_kunlun.patching.torch_fixes import runtime_fix_states
-
-    return runtime_fix_states()
-
-
-def _render_runtime_fixes(fixes: dict[str, str]) -> str:
-    width = max(len(name) for name in fixes)
-    lines = ["runtime fixes (no file changes; the platform applies them at start):"]
-    lines += [f"  {name:<{width}}  {state}" for name, state in fixes.items()]
+def _render_runtime_patches(patches: list[dict[str, Any]]) -> str:
+    """Name and state, then what it replaces and why (vllm_kunlun/patching/registry.py)."""
+    width = max(len(p["name"]) for p in patches)
+    lines = ["runtime patches (no file changes; applied in the processes named):"]
+    for p in patches:
+        lines.append(f"  {p['name']:<{width}}  {p['state']}")
+        lines.append(f"      {', '.join(p['targets'])}: {p['why']}")
     return "\n" + "\n".join(lines)
 
 

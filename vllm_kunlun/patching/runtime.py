@@ -64,8 +64,8 @@ GENERAL_PLUGIN = "kunlun_runtime_fixes"
 def warn_if_general_plugin_filtered() -> bool:
     """Warn (once) when VLLM_PLUGINS keeps our general plugin out; True if it does.
 
-    Worker processes get the sampling patches from that plugin: without it vLLM's own
-    sampler, with its CPU-only ``exponential_`` on Kunlun, comes back silently.
+    The workers apply the sampling patches themselves (``worker.prepare_model_process``),
+    but the front end then runs without the engine-start guards (model path, token ids).
     """
     import vllm.envs
 
@@ -73,9 +73,10 @@ def warn_if_general_plugin_filtered() -> bool:
     if allowed is None or GENERAL_PLUGIN in allowed:
         return False
     logger.warning_once(
-        "vllm-kunlun: VLLM_PLUGINS=%s does not include %s: workers keep vLLM's own "
-        "sampler, whose exponential_ runs on the CPU on Kunlun (decode stalls). Fix: "
-        "add %s to VLLM_PLUGINS (e.g. VLLM_PLUGINS=kunlun,%s).",
+        "vllm-kunlun: VLLM_PLUGINS=%s does not include %s: this process runs without "
+        "the engine-start guards (a missing model path, out-of-range token ids). The "
+        "workers still sample on the device. Fix: add %s to VLLM_PLUGINS (e.g. "
+        "VLLM_PLUGINS=kunlun,%s).",
         ",".join(allowed),
         GENERAL_PLUGIN,
         GENERAL_PLUGIN,

@@ -12,8 +12,6 @@ while a Kunlun platform is active.
   without ``exponential_``.
 * ``kunlun_rejection_tp_broadcast``: ``rejection_sampler.rejection_sample`` returns TP
   rank 0's tokens on every rank.
-* ``kunlun_eagle_draft_noise``: ``spec_decode.eagle.compute_probs_and_sample_next_token``
-  without ``exponential_``.
 
 Removal: when vLLM samples without ``Tensor.exponential_`` (or Kunlun gets a device
 kernel for it) and keeps TP ranks consistent itself.
@@ -29,6 +27,7 @@ from vllm_kunlun.logger import init_logger
 from vllm_kunlun.patching.attribute import (
     AttributePatch,
     PatchMismatch,
+    apply_group,
     expect_call,
     expect_params,
 )
@@ -121,23 +120,6 @@ def _make_rejection(original: Any) -> Any:
     return broadcasting_rejection_sample(original)
 
 
-# ---- kunlun_eagle_draft_noise -----------------------------------------------------------
-
-
-def _check_eagle(module: ModuleType, original: Any) -> str | None:
-    return expect_params(
-        original,
-        "compute_probs_and_sample_next_token",
-        ("logits", "sampling_metadata"),
-    )
-
-
-def _make_eagle(original: Any) -> Any:
-    from vllm_kunlun.sample.spec_decode import compute_probs_and_sample_next_token
-
-    return compute_probs_and_sample_next_token
-
-
 PATCHES: tuple[AttributePatch, ...] = (
     AttributePatch(
         "kunlun_topk_topp_sampler",
@@ -159,13 +141,6 @@ PATCHES: tuple[AttributePatch, ...] = (
         "rejection_sample",
         _make_rejection,
         _check_rejection,
-    ),
-    AttributePatch(
-        "kunlun_eagle_draft_noise",
-        "vllm.v1.spec_decode.eagle",
-        "compute_probs_and_sample_next_token",
-        _make_eagle,
-        _check_eagle,
     ),
 )
 
@@ -195,20 +170,15 @@ def apply_all() -> list[str]:
         )
         return []
     done = []
-    for patch in PATCHES:
+    for patch in PATCHES:  # each its own registry entry: one may go in without another
         try:
-            if patch.apply():
+            if apply_group((patch,)):
                 done.append(patch.name)
         except PatchMismatch as exc:
             logger.warning_once("vllm-kunlun: %s", str(exc))
     if done:
         logger.info("vllm-kunlun: runtime patches applied: %s", ", ".join(done))
     return done
-
-
-def revert_all() -> None:
-    for patch in reversed(PATCHES):
-        patch.revert()
 
 
 def applied() -> list[str]:

@@ -7,8 +7,8 @@ decode) and the model silently diverges. Rank 0 of the TP group therefore sample
 everyone: its token ids are broadcast over the group's device communicator (one small
 collective per step).
 
-``VLLM_KUNLUN_TP_SAMPLE_BROADCAST``: unset/auto = on when the TP group has more than one
-rank, 1 = the same, 0 = off (each rank keeps its own draw).
+``VLLM_KUNLUN_TP_SAMPLE_BROADCAST``: 1 (default) = on, which only acts when the TP group
+has more than one rank; 0 = off (each rank keeps its own draw).
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ logger = init_logger(__name__)
 
 def tp_group() -> Any | None:
     """vLLM's TP GroupCoordinator when the broadcast applies, else None."""
-    if envs.VLLM_KUNLUN_TP_SAMPLE_BROADCAST is False:
+    if not envs.VLLM_KUNLUN_TP_SAMPLE_BROADCAST:
         return None
     from vllm.distributed import parallel_state
 

@@ -1,0 +1,208 @@
+"""Every runtime patch the plugin makes to vLLM or torch, declared once.
+
+A runtime patch changes a live object (a module attribute, a class, a torch table) in
+the process that runs it, never a file. The implementations live next to what they
+serve (``sample/patches.py``, ``models/patches.py``, ``guards.py`` ...); this table is
+the one list of them: ``vllm-kunlun patch status`` and the doctor print it beside the
+file patch set, and a test fails when a patch object exists that is not declared here
+(or the other way round).
+
+This module imports neither vLLM nor the plugin's logger: the patch CLI must work on a
+vLLM tree that does not import. States are read from modules already imported.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import asdict, dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class RuntimePatch:
+    """One named runtime patch. ``targets`` go in together or not at all."""
+
+    name: str
+    module: str  # the plugin module that defines (and applies) it
+    targets: tuple[str, ...]
+    why: str
+    applied_by: str
+    removable_when: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {**asdict(self), "targets": list(self.targets)}
+
+
+_WORKER = "the plugin's worker, in every process that builds a model"
+_FRONT = "the platform and the general plugin, in the processes that parse arguments"
+
+REGISTRY: tuple[RuntimePatch, ...] = (
+    RuntimePatch(
+        "schema_pep585",
+        "vllm_kunlun.patching.schema",
+        (
+            "torch._library.infer_schema.SUPPORTED_PARAM_TYPES",
+            "torch._library.infer_schema.SUPPORTED_RETURN_TYPES",
+        ),
+        "torch 2.5.1 cannot infer custom-op schemas from list[int] / X | None: "
+        "`import vllm.config` fails",
+        "register(), whatever the platform (torch < 2.6 only)",
+        "torch >= 2.6",
+    ),
+    RuntimePatch(
+        "torch_wrap_triton",
+        "vllm_kunlun.patching.wrap_triton",
+        ("torch.library.wrap_triton",),
+        "torch 2.5.1 lacks the name, which every quantized checkpoint's config imports",
+        "the platform, in every process (torch < 2.6 only)",
+        "torch >= 2.6",
+    ),
+    RuntimePatch(
+        "kunlun_topk_topp_sampler",
+        "vllm_kunlun.sample.patches",
+        ("vllm.v1.sample.sampler.TopKTopPSampler",),
+        "vLLM's sampler draws Tensor.exponential_ noise, CPU-only on Kunlun, and sorts "
+        "the vocabulary for top-p",
+        _WORKER,
+        "vLLM samples without exponential_ on out-of-tree platforms",
+    ),
+    RuntimePatch(
+        "kunlun_recovered_token_noise",
+        "vllm_kunlun.sample.patches",
+        ("vllm.v1.sample.rejection_sampler.sample_recovered_tokens",),
+        "speculative decoding's recovered tokens use exponential_ too",
+        _WORKER,
+        "vLLM samples without exponential_ on out-of-tree platforms",
+    ),
+    RuntimePatch(
+        "kunlun_rejection_tp_broadcast",
+        "vllm_kunlun.sample.patches",
+        ("vllm.v1.sample.rejection_sampler.rejection_sample",),
+        "TP ranks must accept the same draft tokens even if device RNGs differ",
+        _WORKER,
+        "vLLM keeps TP ranks' sampling consistent itself",
+    ),
+    RuntimePatch(
+        "kunlun_int8_scaled_mm_kernel",
+        "vllm_kunlun.quantization.patches",
+        (
+            "vllm.model_executor.layers.quantization.kernels.scaled_mm."
+            "_POSSIBLE_INT8_KERNELS",
+        ),
+        "no int8 kernel list for out-of-tree platforms: W8A8 checkpoints fail with "
+        "KeyError: PlatformEnum.OOT",
+        _WORKER + ", when the model is quantized",
+        "vLLM registers int8 kernels for out-of-tree platforms",
+    ),
+    RuntimePatch(
+        "kunlun_gdn_kernels",
+        "vllm_kunlun.models.patches",
+        tuple(
+            f"vllm.model_executor.models.qwen3_next.{op}"
+            for op in (
+                "fused_gdn_gating",
+                "causal_conv1d_fn",
+                "causal_conv1d_update",
+                "chunk_gated_delta_rule",
+                "fused_recurrent_gated_delta_rule",
+            )
+        ),
+        "vLLM's Gated DeltaNet kernels are Triton-only; the vendor decode kernel never "
+        "runs",
+        "the Qwen3.5 model's constructor",
+        "vLLM routes GDN kernels through a platform hook",
+    ),
+    RuntimePatch(
+        "kunlun_gdn_new_request_state",
+        "vllm_kunlun.models.patches",
+        ("vllm.v1.attention.backends.gdn_attn.GDNAttentionMetadataBuilder",),
+        "a 1-token new request in a decode-only batch reads a recycled state slot",
+        "the Qwen3.5 model's constructor",
+        "a vLLM that treats zero-context requests as prefills in GDN metadata",
+    ),
+    RuntimePatch(
+        "kunlun_mamba_copy_block",
+        "vllm_kunlun.models.patches",
+        (
+            "vllm.v1.worker.mamba_utils.collect_mamba_copy_meta",
+            "vllm.v1.worker.mamba_utils.do_mamba_copy_block",
+        ),
+        "prefix caching on a hybrid model copies state through Triton with "
+        'device="cuda" hard-coded',
+        "the Qwen3.5 model's constructor, when Triton has no driver",
+        "vLLM's mamba block copy has a non-Triton path",
+    ),
+    RuntimePatch(
+        "kunlun_weak_ref_tensor",
+        "vllm_kunlun.patching.weak_ref",
+        ("vllm.utils.torch_utils.weak_ref_tensor",),
+        "graph capture calls torch.ops._C.weak_ref_tensor, and vllm._C cannot load on "
+        "torch 2.5.1",
+        "the platform's import_kernels, once the native extension loaded",
+        "vllm._C loads next to the torch in use",
+    ),
+    RuntimePatch(
+        "engine_model_path_guard",
+        "vllm_kunlun.guards",
+        (
+            "vllm.engine.arg_utils.maybe_override_with_speculators",
+            "vllm.engine.arg_utils.get_model_path",
+        ),
+        "a missing local model path is sent to the Hub (HFValidationError) instead of "
+        "being named",
+        _FRONT,
+        "vLLM checks local paths before the Hub",
+    ),
+    RuntimePatch(
+        "engine_token_id_guard",
+        "vllm_kunlun.input_guard",
+        ("vllm.v1.engine.input_processor.InputProcessor._validate_model_input",),
+        "an out-of-vocabulary prompt token id kills the engine instead of one request",
+        _FRONT,
+        "vLLM checks both bounds of prompt token ids",
+    ),
+)
+
+BY_NAME = {p.name: p for p in REGISTRY}
+TORCH_FIXES = ("schema_pep585", "torch_wrap_triton")
+
+
+def live_patches(entry: RuntimePatch) -> list[Any]:
+    """The ``AttributePatch`` objects of ``entry`` in its (already imported) module."""
+    from vllm_kunlun.patching.attribute import AttributePatch
+
+    module = sys.modules.get(entry.module)
+    found: list[Any] = []
+    for value in vars(module).values() if module is not None else ():
+        items = value if isinstance(value, tuple) else (value,)
+        found += [
+            p for p in items if isinstance(p, AttributePatch) and p.name == entry.name
+        ]
+    return found
+
+
+def state(entry: RuntimePatch) -> str:
+    """One line: whether it is in effect in this process, or when it will be."""
+    if entry.name in TORCH_FIXES:  # these know whether this torch needs them
+        return torch_fix_states()[entry.name]
+    patches = live_patches(entry)
+    if patches and all(p.applied() for p in patches):
+        return "applied in this process"
+    return f"applied by {entry.applied_by}"
+
+
+def states() -> dict[str, str]:
+    return {entry.name: state(entry) for entry in REGISTRY}
+
+
+def torch_fix_states() -> dict[str, str]:
+    """The torch-level fixes (needed or not on this torch, applied, or why they
+    cannot be), which the doctor and ``patch status`` can judge outside an engine."""
+    from vllm_kunlun.patching import schema, wrap_triton
+
+    return {schema.NAME: schema.state(), wrap_triton.NAME: wrap_triton.state()}
+
+
+def describe() -> list[dict[str, Any]]:
+    """The registry with each patch's state, for ``--json`` and the doctor."""
+    return [{**entry.to_json(), "state": state(entry)} for entry in REGISTRY]
