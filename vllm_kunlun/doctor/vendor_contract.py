@@ -116,23 +116,6 @@ def accepted_keywords(fn: Any) -> Accepts | None:
     return None
 
 
-def _resolve(module: ModuleType, dotted: str) -> Any:
-    """``module.dotted``, else the torch custom op ``torch.ops.<module>.<dotted>`` that
-    the module registered on import (xspeedgate_ops' kernels live only there)."""
-    try:
-        obj: Any = module
-        for part in dotted.split("."):
-            obj = getattr(obj, part)
-        return obj
-    except AttributeError:
-        import torch
-
-        try:
-            return getattr(getattr(torch.ops, module.__name__), dotted)
-        except (AttributeError, RuntimeError):
-            raise AttributeError(dotted) from None
-
-
 @dataclass
 class ContractReport:
     checked: int = 0
@@ -148,8 +131,6 @@ def compare_contract(
 ) -> ContractReport:
     report = ContractReport()
     for module_name, functions in contract.items():
-        if not functions:
-            continue
         module, why = load(module_name)
         if module is None:
             report.unavailable[module_name] = why
@@ -158,9 +139,8 @@ def compare_contract(
         for fn_name, kwargs in functions.items():
             report.checked += 1
             qual = f"{module_name}.{fn_name}"
-            try:
-                fn = _resolve(module, fn_name)
-            except AttributeError:
+            fn = vendor.resolve(module, fn_name)
+            if fn is None:
                 report.missing.append(qual)
                 continue
             if not kwargs:
