@@ -65,3 +65,44 @@ def test_vendor_mode_without_the_vendor_library_fails(
         "VLLM_KUNLUN_SAMPLER=vendor, but kunlun_ops is not importable"
     )
     assert "VLLM_KUNLUN_SAMPLER=auto" in f.fix
+
+
+# ---- what the worker would run (VLLM_PLUGINS, the worker class) -----------------------
+
+WORKER_PROBE = """
+import json
+from vllm_kunlun.doctor.finding import Context
+from vllm_kunlun.doctor.sampler_path import check_sampler_path
+f = check_sampler_path(Context())
+print("FINDING " + json.dumps([f.status, f.cause, f.fix, f.details["worker_sampler"]]))
+"""
+
+
+def _probe(env: dict[str, str]) -> list:
+    import json
+
+    from tests.conftest import run_python
+
+    proc = run_python(WORKER_PROBE, env={"FAKE_XMLIR_DEVICES": "8", **env})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    line = next(x for x in proc.stdout.splitlines() if x.startswith("FINDING "))
+    return json.loads(line[len("FINDING ") :])
+
+
+def test_the_workers_sampler_is_what_the_check_reports() -> None:
+    """VLLM_PLUGINS=kunlun (no general plugin): the worker still prepares its process,
+    so the model runner builds ours, and the check says which worker told it so."""
+    status, cause, _, built = _probe({"VLLM_PLUGINS": "kunlun"})
+    assert status in ("ok", "warn"), cause
+    assert built == "KunlunTopKTopPSampler"
+    assert "vllm_kunlun.worker.KunlunWorker prepares its process" in cause
+
+
+def test_a_plugin_list_without_the_platform_fails_with_the_fix() -> None:
+    """On a Kunlun host (8 fake devices) VLLM_PLUGINS that leaves out `kunlun` means
+    vLLM's own sampler in every worker: a failure, not the old false OK."""
+    status, cause, fix, built = _probe({"VLLM_PLUGINS": "kunlun_runtime_fixes"})
+    assert status == "fail" and built is None
+    assert "leaves out the platform plugin 'kunlun'" in cause
+    assert "TopKTopPSampler.forward_native" in cause
+    assert "add kunlun to VLLM_PLUGINS" in fix

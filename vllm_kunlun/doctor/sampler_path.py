@@ -22,6 +22,7 @@ from typing import Any
 
 import torch
 
+from vllm_kunlun.device import probe_devices
 from vllm_kunlun.doctor.finding import Context, Finding
 from vllm_kunlun.versions import install_hint, label
 
@@ -125,6 +126,36 @@ def run_probe(sampler: Any, device: torch.device, device_note: str) -> ProbeResu
     return result
 
 
+PLATFORM_PLUGIN = "kunlun"  # setup.py: vllm.platform_plugins
+
+
+def worker_sampler(ours: bool) -> tuple[type | None, str]:
+    """The top-k/top-p sampler class a model runner in this environment would build,
+    and how we know: the plugin list vLLM will load, then the worker the platform
+    selects, which prepares its process (runtime fixes) before building the model."""
+    import vllm.envs
+    from vllm.platforms import current_platform
+
+    plugins = vllm.envs.VLLM_PLUGINS
+    if plugins is not None and PLATFORM_PLUGIN not in plugins:
+        return None, (
+            f"VLLM_PLUGINS={','.join(plugins)} leaves out the platform plugin "
+            f"{PLATFORM_PLUGIN!r}: vLLM never activates a vllm-kunlun platform"
+        )
+    if not ours:
+        return None, "no vllm-kunlun platform is active in this environment"
+    from vllm.v1.sample.sampler import Sampler
+
+    from vllm_kunlun import config_defaults, emulation_defaults
+    from vllm_kunlun.emulation import KunlunHostEmulationPlatform
+    from vllm_kunlun.worker import prepare_model_process
+
+    emulated = isinstance(current_platform, KunlunHostEmulationPlatform)
+    worker = (emulation_defaults if emulated else config_defaults).WORKER_CLS
+    prepare_model_process()  # what KunlunWorker / EmulationWorker run first
+    return type(Sampler().topk_topp_sampler), f"{worker} prepares its process"
+
+
 def _platform() -> tuple[str, bool]:
     from vllm.platforms import current_platform
 
@@ -146,11 +177,35 @@ def check_sampler_path(ctx: Context) -> Finding:
 
     platform, ours = _platform()
     device, note = probe_device()
+    built, how = worker_sampler(ours)
     details: dict[str, Any] = {
         "platform": platform,
         "kunlun_platform": ours,
         "VLLM_KUNLUN_SAMPLER": envs.VLLM_KUNLUN_SAMPLER,
+        "worker_sampler": None if built is None else built.__name__,
+        "worker_sampler_source": how,
     }
+    if built is None and "VLLM_PLUGINS" in how:
+        return Finding(
+            "sampler_path",
+            "fail" if probe_devices().count > 0 else "warn",
+            f"{how}; the workers would run vLLM's own sampler "
+            "(TopKTopPSampler.forward_native: Tensor.exponential_ on the CPU on Kunlun)",
+            f"add {PLATFORM_PLUGIN} to VLLM_PLUGINS (e.g. "
+            f"VLLM_PLUGINS={PLATFORM_PLUGIN},kunlun_runtime_fixes) or unset it",
+            details,
+        )
+    if built is not None and built is not KunlunTopKTopPSampler:
+        return Finding(
+            "sampler_path",
+            "fail",
+            f"{how}, yet its model runner would build {built.__module__}."
+            f"{built.__qualname__}, not KunlunTopKTopPSampler: decode would draw "
+            "Tensor.exponential_ noise on the CPU",
+            install_hint("vllm") + " (the validated version); `vllm-kunlun patch "
+            "status` lists the runtime patches and their states",
+            details,
+        )
     mismatches = {p.name: p.mismatch() for p in PATCHES}
     details["patches"] = {
         name: ("applies" if m is None else f"does not apply: {m}")
@@ -172,6 +227,8 @@ def check_sampler_path(ctx: Context) -> Finding:
         "problems": probe.problems,
     }
     what = f"KunlunTopKTopPSampler, {kernels.name} kernels ({kernels.reason})"
+    if built is not None:
+        what = f"{how}; its model runner builds {what}"
     if not ours:
         what = (
             f"{platform} is not a vllm-kunlun platform, so vLLM keeps its own sampler "
