@@ -12,6 +12,18 @@ __version__ = "0.1.0"
 KUNLUN_PLATFORM = "vllm_kunlun.platform.KunlunPlatform"
 EMULATION_PLATFORM = "vllm_kunlun.emulation.KunlunHostEmulationPlatform"
 
+# vLLM 0.15.1 on torch 2.5.1 logs these in every process; each is expected and harmless
+# here (README.md, "Messages you can ignore", says why). Said once per process, before
+# they appear, so that nobody debugs them.
+KNOWN_MESSAGES_LINE = (
+    "vllm-kunlun: expected on vLLM 0.15.1 + torch 2.5.1, harmless: WARNING 'Failed to "
+    "import from vllm._C' (vLLM's CUDA kernels; the plugin uses none of them), ERROR "
+    "'Failed to import Triton kernels ... triton.language.target_info' (gpt-oss MoE "
+    "kernels that need triton >= 3.4), 'Triton is installed but 0 active driver(s)' "
+    "and 'No CUDA runtime is found' (a host without a GPU); see README.md, 'Messages "
+    "you can ignore'"
+)
+
 
 def register() -> str | None:
     """``vllm.platform_plugins`` entry point: the platform class path, or None.
@@ -26,9 +38,12 @@ def register() -> str | None:
         from vllm_kunlun import envs
         from vllm_kunlun.device import probe_devices
         from vllm_kunlun.patching.runtime import apply_schema_fix
+        from vllm_kunlun.patching.schema import needed as schema_fix_needed
 
         # Device or not: on torch < 2.6 no vLLM command imports vllm.config without it.
         apply_schema_fix()
+        if schema_fix_needed():  # the stack whose vLLM logs the known messages
+            logger.info_once(KNOWN_MESSAGES_LINE)
         if envs.VLLM_KUNLUN_HOST_EMULATION:
             logger.debug("vllm-kunlun: host emulation (VLLM_KUNLUN_HOST_EMULATION=1)")
             return EMULATION_PLATFORM
