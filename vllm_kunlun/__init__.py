@@ -16,12 +16,12 @@ EMULATION_PLATFORM = "vllm_kunlun.emulation.KunlunHostEmulationPlatform"
 # here (README.md, "Messages you can ignore", says why). Said once per process, before
 # they appear, so that nobody debugs them.
 KNOWN_MESSAGES_LINE = (
-    "vllm-kunlun: expected on vLLM 0.15.1 + torch 2.5.1, harmless: WARNING 'Failed to "
-    "import from vllm._C' (vLLM's CUDA kernels; the plugin uses none of them), ERROR "
-    "'Failed to import Triton kernels ... triton.language.target_info' (gpt-oss MoE "
-    "kernels that need triton >= 3.4), 'Triton is installed but 0 active driver(s)' "
-    "and 'No CUDA runtime is found' (a host without a GPU); see README.md, 'Messages "
-    "you can ignore'"
+    'vllm-kunlun: expected on vLLM 0.15.1 + torch 2.5.1, harmless: WARNING "Failed to '
+    "import from vllm._C\" (vLLM's CUDA kernels; the plugin uses none of them), ERROR "
+    '"Failed to import Triton kernels ... triton.language.target_info" (gpt-oss MoE '
+    'kernels that need triton >= 3.4), "Triton is installed but 0 active driver(s)" '
+    'and "No CUDA runtime is found" (a host without a GPU); see README.md, "Messages '
+    'you can ignore"'
 )
 
 
