@@ -242,3 +242,27 @@ def test_the_docs_point_nowhere_outside_the_repository() -> None:
             elif path.suffix and path.parent.exists() and not path.exists():
                 missing.append(f"{doc.name}: `{quoted}`")
     assert missing == []
+
+
+def test_emulation_table_names_every_setting_emulation_makes() -> None:
+    """docs/emulation.md's "What it sets" table against the ``_set`` / ``_set_env``
+    calls of ``apply_emulation_defaults`` (read from its source)."""
+    import ast
+    import inspect
+
+    from vllm_kunlun import emulation_defaults
+
+    tree = ast.parse(inspect.getsource(emulation_defaults.apply_emulation_defaults))
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name):
+            position = {"_set": 1, "_set_env": 0}.get(node.func.id)
+            if position is not None:
+                arg = node.args[position]
+                assert isinstance(arg, ast.Constant), ast.dump(node)
+                names.add(arg.value)
+    assert {"worker_cls", "disable_cascade_attn", "VLLM_HOST_IP"} <= names
+    doc = (REPO / "docs" / "emulation.md").read_text()
+    start = doc.index("| setting | why |")
+    table = doc[start : doc.index("\n\n", start)]
+    assert sorted(n for n in names if n not in table) == []
