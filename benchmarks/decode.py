@@ -333,9 +333,25 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--top-k", type=int, help="per-request top-k (default none)")
     parser.add_argument("--top-p", type=float, help="per-request top-p (default none)")
     parser.add_argument("--model", help="model directory (default: the tiny Qwen3)")
-    parser.add_argument("--engines", default="", help="comma-separated subset")
+    parser.add_argument(
+        "--engines",
+        default="",
+        help="comma-separated subset: ours, native (cpu); graphs, eager (cuda)",
+    )
     parser.add_argument("--json", type=Path, help="also write the results here")
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    valid = [e.name for e in engines(args)]
+    unknown = [n for n in _names(args.engines) if n not in valid]
+    if unknown:
+        parser.error(
+            f"unknown engine(s) {', '.join(map(repr, unknown))} for --device "
+            f"{args.device}; valid engines: {', '.join(map(repr, valid))}"
+        )
+    return args
+
+
+def _names(spec: str) -> list[str]:
+    return [n.strip() for n in spec.split(",") if n.strip()]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -346,7 +362,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     chosen = engines(args)
     if args.engines:
-        wanted = args.engines.split(",")
+        wanted = _names(args.engines)
         chosen = [e for e in chosen if e.name in wanted]
     model = model_dir(args)
     children: list[Child] = []

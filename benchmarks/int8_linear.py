@@ -55,14 +55,33 @@ SHAPES = {
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--tokens", default="1,32,256", help="token counts (M)")
-    parser.add_argument("--shapes", default="", help="subset of shape names")
+    parser.add_argument(
+        "--tokens", default="1,32,256", help="comma-separated token counts (M)"
+    )
+    names = ", ".join(map(repr, SHAPES))
+    parser.add_argument(
+        "--shapes", default="", help=f"comma-separated subset of shape names: {names}"
+    )
     parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
     parser.add_argument("--iters", type=int, default=5)
     parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--json", type=Path, help="also write the results here")
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    unknown = [s for s in _names(args.shapes) if s not in SHAPES]
+    if unknown:
+        parser.error(
+            f"unknown shape(s) {', '.join(map(repr, unknown))}; valid shapes: {names}"
+        )
+    if not all(t.isdigit() and int(t) > 0 for t in _names(args.tokens)):
+        parser.error(
+            f"--tokens {args.tokens!r}: expected positive integers separated by commas"
+        )
+    return args
+
+
+def _names(spec: str) -> list[str]:
+    return [s.strip() for s in spec.split(",") if s.strip()]
 
 
 def _sync(device: torch.device) -> None:
@@ -118,13 +137,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     device = torch.device(args.device)
     dtype = getattr(torch, args.dtype)
     gen = torch.Generator().manual_seed(0)
-    names = [s for s in args.shapes.split(",") if s] or list(SHAPES)
+    names = _names(args.shapes) or list(SHAPES)
     rows = []
     for name in names:
         n, k = SHAPES[name]
         w_float = (torch.randn(n, k, generator=gen) / k**0.5).to(device, dtype)
         w_q, w_scale = quantize_weight_rows(w_float)
-        for m in (int(t) for t in args.tokens.split(",")):
+        for m in (int(t) for t in _names(args.tokens)):
             x = torch.randn(m, k, generator=gen).to(device, dtype)
             med = time_pair(
                 {

@@ -257,7 +257,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--out-dir", type=Path, default=REPO / "benchmarks" / "results")
     args = parser.parse_args(argv)
-    levels = [int(c) for c in args.concurrency.split(",")]
+    raw = [c.strip() for c in args.concurrency.split(",") if c.strip()]
+    if not raw or not all(c.isdigit() and int(c) > 0 for c in raw):
+        parser.error(
+            f"--concurrency {args.concurrency!r}: expected positive integers separated "
+            "by commas, e.g. 1,16,64"
+        )
+    levels = [int(c) for c in raw]
     profile = PROFILES[args.profile]
     result = run(profile, args.model, levels, args.tensor_parallel_size, args.out_dir)
     print()

@@ -82,7 +82,7 @@ timeout 180 "$PY" benchmarks/decode.py --device cuda --num-seqs 256 --output-len
 
 step "demo on the GPU (tokens/s)"
 PYTHONPATH="$PWD/tests/fakes:$PYTHONPATH" FAKE_XMLIR_DEVICES=1 VLLM_KUNLUN_SAMPLER=portable \
-  timeout 90 "$PY" -m vllm_kunlun.cli demo --max-tokens 64 --json-out "$OUT/demo_cuda.json" \
+  timeout 90 "$PY" -m vllm_kunlun.cli demo -v --max-tokens 64 --json-out "$OUT/demo_cuda.json" \
   > "$OUT/demo_cuda.log" 2>&1 || status=1
 tail -20 "$OUT/demo_cuda.log"
 

@@ -9,6 +9,18 @@ from __future__ import annotations
 
 __version__ = "0.1.0"
 
+# vLLM 0.15.1 on torch 2.5.1 logs these in every process; each is expected and harmless
+# here (README.md, "Messages you can ignore", says why). Said once per process, before
+# they appear, so that nobody debugs them.
+KNOWN_MESSAGES_LINE = (
+    'vllm-kunlun: expected on vLLM 0.15.1 + torch 2.5.1, harmless: WARNING "Failed to '
+    "import from vllm._C\" (vLLM's CUDA kernels; the plugin uses none of them), ERROR "
+    '"Failed to import Triton kernels ... triton.language.target_info" (gpt-oss MoE '
+    'kernels that need triton >= 3.4), "Triton is installed but 0 active driver(s)" '
+    'and "No CUDA runtime is found" (a host without a GPU); see README.md, "Messages '
+    'you can ignore"'
+)
+
 
 def register() -> str | None:
     """``vllm.platform_plugins`` entry point: the platform class path, or None.
@@ -21,10 +33,13 @@ def register() -> str | None:
     logger = init_logger(__name__)
     try:
         from vllm_kunlun.patching.runtime import apply_schema_fix
+        from vllm_kunlun.patching.schema import needed as schema_fix_needed
         from vllm_kunlun.platforms import select_platform
 
         # Device or not: on torch < 2.6 no vLLM command imports vllm.config without it.
         apply_schema_fix()
+        if schema_fix_needed():  # the stack whose vLLM logs the known messages
+            logger.info_once(KNOWN_MESSAGES_LINE)
         selection = select_platform()
         logger.debug("vllm-kunlun: %s", selection.reason)
         return selection.platform

@@ -33,6 +33,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if getattr(args, "json", False):
+        # Every --json prints one JSON document on stdout and nothing else: vLLM's
+        # log (stdout by default) and anything the engine processes write go to stderr.
+        from vllm_kunlun.cli_streams import json_stdout
+
+        with json_stdout():
+            return int(args.func(args))
     return int(args.func(args))
 
 

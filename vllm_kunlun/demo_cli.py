@@ -8,7 +8,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import sys
+from pathlib import Path
 from typing import Any
+
+from vllm_kunlun.cli_streams import output_to_file
 
 
 def add_parser(sub: Any) -> None:
@@ -25,15 +30,38 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--max-tokens", type=int, default=32)
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--max-model-len", type=int, default=512)
+    p.add_argument(
+        "--max-model-len",
+        type=int,
+        default=512,
+        help="the engine's context length (default 512, plenty for the tiny model; "
+        "lower it for a --model whose KV cache would not fit)",
+    )
     p.add_argument(
         "--in-process",
         action="store_true",
         help="run the engine core in this process (VLLM_ENABLE_V1_MULTIPROCESSING=0)",
     )
-    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.add_argument(
+        "--json",
+        action="store_true",
+        help="print the report as JSON, nothing else on stdout (vLLM's log goes to "
+        "stderr)",
+    )
     p.add_argument(
         "--json-out", metavar="FILE", help="also write the report as JSON to FILE"
+    )
+    p.add_argument(
+        "-v",
+        "--verbose",
+        action="store_true",
+        help="show vLLM's log as it runs (default: written to --log-file)",
+    )
+    p.add_argument(
+        "--log-file",
+        metavar="FILE",
+        help="where text mode writes vLLM's log (default: demo.log in the cache "
+        "directory, $XDG_CACHE_HOME/vllm-kunlun; appended)",
     )
     p.set_defaults(func=run_demo_command)
 
@@ -130,22 +158,63 @@ def _print_report(report: Any) -> None:
         print("(host emulation: the CPU did the work; this is no Kunlun measurement)")
 
 
+def default_log_file() -> Path:
+    """``demo.log`` beside the tiny model's cache directory."""
+    from vllm_kunlun.tiny_model import default_cache_dir
+
+    return default_cache_dir().parent / "demo.log"
+
+
+def _log_tail(path: Path, lines: int = 40) -> str:
+    try:
+        return "".join(path.read_text(errors="replace").splitlines(True)[-lines:])
+    except OSError as exc:
+        return f"(cannot read {path}: {exc})\n"
+
+
 def run_demo_command(args: argparse.Namespace) -> int:
     from vllm_kunlun.demo import DEFAULT_PROMPTS, choose_platform, run_demo
 
     choice = choose_platform()
-    if not args.json:
-        mode = "host emulation" if choice.emulation else "KunlunPlatform"
+
+    def demo() -> Any:
+        return run_demo(
+            model=args.model,
+            prompts=tuple(args.prompt) if args.prompt else DEFAULT_PROMPTS,
+            max_tokens=args.max_tokens,
+            temperature=args.temperature,
+            seed=args.seed,
+            in_process=args.in_process,
+            max_model_len=args.max_model_len,
+        )
+
+    mode = "host emulation" if choice.emulation else "KunlunPlatform"
+    if args.json:
+        # The CLI already sends everything but the report to stderr.
+        report = demo()
+    elif args.verbose:
         print(f"vllm-kunlun demo: starting vLLM's engine ({mode})...", flush=True)
-    report = run_demo(
-        model=args.model,
-        prompts=tuple(args.prompt) if args.prompt else DEFAULT_PROMPTS,
-        max_tokens=args.max_tokens,
-        temperature=args.temperature,
-        seed=args.seed,
-        in_process=args.in_process,
-        max_model_len=args.max_model_len,
-    )
+        report = demo()
+    else:
+        log_file = Path(args.log_file) if args.log_file else default_log_file()
+        log_file.parent.mkdir(parents=True, exist_ok=True)
+        print(
+            f"vllm-kunlun demo: starting vLLM's engine ({mode}); vLLM's log: "
+            f"{log_file} (-v shows it here)",
+            flush=True,
+        )
+        try:
+            with output_to_file(str(log_file)) as log:
+                log.write(f"\n=== vllm-kunlun demo, pid {os.getpid()} ===\n")
+                report = demo()
+        except BaseException:
+            print(
+                f"vllm-kunlun demo failed; the end of vLLM's log ({log_file}):\n"
+                + _log_tail(log_file),
+                file=sys.stderr,
+                flush=True,
+            )
+            raise
     if args.json_out:
         with open(args.json_out, "w") as f:
             json.dump(report.to_dict(), f, indent=2)

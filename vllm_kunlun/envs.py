@@ -186,7 +186,8 @@ _VARS: dict[str, EnvVar] = {
             _optional_dir,
             None,
             "Directory of the patch_torch251 file patch set used by `vllm-kunlun "
-            "patch` (default: patches/vllm-0.15.1-torch-2.5.1 of the source checkout).",
+            "patch` (default: patches/vllm-0.15.1-torch-2.5.1 of the source checkout, "
+            "else the copy a wheel ships in vllm_kunlun/_patches).",
             "an existing directory",
         ),
     )

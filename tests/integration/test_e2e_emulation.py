@@ -8,6 +8,7 @@ greedy decoding of the same checkpoint.
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -121,11 +122,28 @@ def run_spec(
     return result
 
 
+LOG_LINE = re.compile(r"^(DEBUG|INFO|WARNING|ERROR) \d\d-\d\d ", re.M)
+
+
+def check_demo_text(proc: subprocess.CompletedProcess[str]) -> str:
+    """Text mode: stdout is the report alone; vLLM's log is in the file the first line
+    names. Returns the log."""
+    assert not LOG_LINE.search(proc.stdout), proc.stdout[:3000]
+    first = proc.stdout.splitlines()[0]
+    match = re.search(r"vLLM's log: (\S+) \(-v shows it here\)", first)
+    assert match, first
+    log = Path(match.group(1)).read_text()
+    assert "Platform plugin kunlun is activated" in log
+    return log
+
+
 def run_demo_cli(
-    work: Path, env: dict[str, str], fakes: bool
+    work: Path, env: dict[str, str], fakes: bool, json_stdout: bool = False
 ) -> tuple[dict, subprocess.CompletedProcess[str]]:
     """``vllm-kunlun demo --json-out`` in a fresh interpreter (its own cache dir under
-    ``work``); fail with the log tails unless it succeeds; the report and the process."""
+    ``work``); fail with the log tails unless it succeeds; the report and the process.
+    ``json_stdout``: with ``--json``, whose stdout must be that report and nothing
+    else; otherwise text mode, whose stdout must be the report without vLLM's log."""
     out = work / "demo.json"
     proc = subprocess.run(
         [
@@ -137,6 +155,7 @@ def run_demo_cli(
             str(DEMO_TOKENS),
             "--json-out",
             str(out),
+            *(["--json"] if json_stdout else []),
         ],
         env=child_env({"XDG_CACHE_HOME": str(work / "xdg"), **env}, fakes=fakes),
         capture_output=True,
@@ -145,7 +164,12 @@ def run_demo_cli(
         cwd=REPO,
     )
     assert proc.returncode == 0, proc.stderr[-4000:] + proc.stdout[-3000:]
-    return json.loads(out.read_text()), proc
+    report = json.loads(out.read_text())
+    if json_stdout:
+        assert json.loads(proc.stdout) == report, proc.stdout[:3000]
+    else:
+        check_demo_text(proc)
+    return report, proc
 
 
 @pytest.fixture(scope="module")
@@ -274,7 +298,8 @@ def test_demo_runs_the_multiprocessing_engine(work: Path, hf: dict) -> None:
     itself, runs the engine core in its own (spawned) process, and generates the
     transformers greedy tokens."""
     # No fake torch_xmlir and no VLLM_KUNLUN_* variables: a plain CPU host.
-    report, proc = run_demo_cli(work, {}, fakes=False)
+    # --json: the engine core process logs too; stdout stays the report alone.
+    report, proc = run_demo_cli(work, {}, fakes=False, json_stdout=True)
     assert report["emulation"] is True
     assert "no Kunlun device detected" in report["platform_choice"]
     assert report["model"].startswith(str(work / "xdg"))
@@ -287,7 +312,7 @@ def test_demo_runs_the_multiprocessing_engine(work: Path, hf: dict) -> None:
     assert got == [row["token_ids"] for row in hf["demo"]]
     assert report["output_tokens"] == DEMO_TOKENS * len(DEFAULT_PROMPTS)
     assert report["output_tokens_per_s"] > 0
-    assert "HOST EMULATION" in proc.stdout + proc.stderr  # the platform's banner
+    assert "HOST EMULATION active" in proc.stderr  # the platform's banner
 
 
 def test_engine_start_guard_names_the_missing_model_path(tmp_path: Path) -> None:

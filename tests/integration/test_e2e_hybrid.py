@@ -154,6 +154,7 @@ def demo(checkpoints: dict[str, str], work: Path) -> tuple[dict, str]:
             "--in-process",
             "--json-out",
             str(out),
+            "--json",
         ],
         # A plain CPU host; only the platform plugin is allowed.
         env=child_env({"VLLM_PLUGINS": "kunlun"}, fakes=False),
@@ -163,7 +164,10 @@ def demo(checkpoints: dict[str, str], work: Path) -> tuple[dict, str]:
         cwd=REPO,
     )
     assert proc.returncode == 0, proc.stderr[-4000:] + proc.stdout[-3000:]
-    return json.loads(out.read_text()), proc.stdout + proc.stderr
+    report = json.loads(out.read_text())
+    # --json in process: vLLM's log (stdout by default) went to stderr.
+    assert json.loads(proc.stdout) == report, proc.stdout[:3000]
+    return report, proc.stderr
 
 
 def _rows(run: dict, job: str) -> list[dict[str, Any]]:

@@ -20,10 +20,12 @@ from typing import Any
 import pytest
 
 from tests.conftest import REPO, child_env
+from tests.docs_blocks import readme_demo_labels
 from tests.integration.test_e2e_emulation import (
     EMULATION,
     GREEDY_PROMPTS,
     LLM_ARGS,
+    check_demo_text,
     req,
     run_spec,
 )
@@ -192,3 +194,7 @@ def test_demo_generates_in_process(model_dir: str, work: Path) -> None:
         "vllm_kunlun.quantization.int8_kernel.KunlunInt8ScaledMMLinearKernel"
     ]
     assert "linear kernels  : " in proc.stdout
+    check_demo_text(proc)  # the report alone; vLLM's log in the file it names
+    # README's demo output block shows the lines this run printed.
+    labels = {line.split(":")[0].rstrip() for line in proc.stdout.splitlines()}
+    assert readme_demo_labels() <= labels, (readme_demo_labels(), proc.stdout)

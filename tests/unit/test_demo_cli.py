@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import argparse
+from pathlib import Path
+
 import pytest
 
 from vllm_kunlun.demo import DemoReport, Generation, choose_platform
-from vllm_kunlun.demo_cli import _print_report
+from vllm_kunlun.demo_cli import _print_report, run_demo_command
 
 
 def test_emulation_without_a_kunlun_device(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -66,3 +69,72 @@ def test_report_names_what_served(capsys: pytest.CaptureFixture) -> None:
     assert "portable (the logits are on the CPU)" in out
     assert "> one two\n  three four" in out
     assert "32.0 output tokens/s" in out
+
+
+def _report() -> DemoReport:
+    return DemoReport(
+        platform_choice="no Kunlun device detected (x)",
+        emulation=True,
+        model="/cache/tiny",
+        engine_mode="in-process",
+        import_s=1.0,
+        engine_start_s=2.0,
+        generate_s=0.5,
+        prompt_tokens=2,
+        output_tokens=2,
+        output_tokens_per_s=4.0,
+        generations=[Generation("one two", " three four", [5, 6], 0)],
+    )
+
+
+def _demo_args(tmp_path: Path, *extra: str) -> argparse.Namespace:
+    from vllm_kunlun.cli import build_parser
+
+    return build_parser().parse_args(
+        ["demo", "--log-file", str(tmp_path / "demo.log"), *extra]
+    )
+
+
+def test_text_mode_prints_the_report_and_logs_to_the_named_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
+    def engine(**kwargs: object) -> DemoReport:
+        print("INFO 12-01 00:00:00 [core.py:1] an engine log line")
+        return _report()
+
+    monkeypatch.setattr("vllm_kunlun.demo.run_demo", engine)
+    assert run_demo_command(_demo_args(tmp_path)) == 0
+    out = capsys.readouterr().out
+    assert f"vLLM's log: {tmp_path / 'demo.log'} (-v shows it here)" in out
+    assert "> one two\n  three four" in out
+    assert "an engine log line" not in out
+    assert "an engine log line" in (tmp_path / "demo.log").read_text()
+
+
+def test_a_failed_run_shows_the_end_of_the_log(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
+    def engine(**kwargs: object) -> DemoReport:
+        print("ERROR the reason the engine died")
+        raise RuntimeError("Engine core initialization failed")
+
+    monkeypatch.setattr("vllm_kunlun.demo.run_demo", engine)
+    with pytest.raises(RuntimeError, match="initialization failed"):
+        run_demo_command(_demo_args(tmp_path))
+    captured = capsys.readouterr()
+    assert "the reason the engine died" not in captured.out
+    assert "vllm-kunlun demo failed; the end of vLLM's log" in captured.err
+    assert "ERROR the reason the engine died" in captured.err
+
+
+def test_verbose_leaves_the_log_where_vllm_puts_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
+    def engine(**kwargs: object) -> DemoReport:
+        print("INFO an engine log line")
+        return _report()
+
+    monkeypatch.setattr("vllm_kunlun.demo.run_demo", engine)
+    assert run_demo_command(_demo_args(tmp_path, "-v")) == 0
+    assert "INFO an engine log line" in capsys.readouterr().out
+    assert not (tmp_path / "demo.log").exists()

@@ -32,3 +32,18 @@ def test_ci_runs_the_readme_test_command() -> None:
     assert "scripts/test.sh" in README
     ci = (REPO / ".ci" / "run").read_text()
     assert re.search(r"^exec scripts/test\.sh$", ci, re.M)
+
+
+def test_every_message_the_plugin_calls_harmless_is_explained() -> None:
+    """The startup line quotes vLLM's messages; README's section explains each one."""
+    import vllm_kunlun
+
+    start = README.index("## Messages you can ignore")
+    section = " ".join(README[start : README.index("\n## ", start + 1)].split())
+    quoted = re.findall(r'"([^"]+)"', vllm_kunlun.KNOWN_MESSAGES_LINE)
+    assert "Messages you can ignore" in quoted
+    assert len(quoted) >= 5
+    for message in quoted:
+        for piece in message.split(" ... "):
+            assert piece in section, piece
+    assert vllm_kunlun.KNOWN_MESSAGES_LINE.split(":")[1].strip() in section

@@ -97,3 +97,31 @@ def test_general_plugin_leaves_another_platform_alone(
 
     monkeypatch.setattr(vllm.platforms, "_current_platform", CpuPlatform())
     assert vllm_kunlun.register_runtime_fixes() is None
+
+
+def test_known_vllm_messages_are_explained_once_per_process(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """vLLM 0.15.1 on torch 2.5.1 logs an ERROR and a WARNING in every process that are
+    harmless here; the plugin says so once, before they appear."""
+    import logging
+
+    from vllm.logger import _print_info_once
+
+    from vllm_kunlun.patching import schema
+
+    if not schema.needed():
+        pytest.skip("the messages belong to torch < 2.6")
+    _print_info_once.cache_clear()  # another test may have registered already
+    caplog.set_level(logging.INFO, logger="vllm")
+    for _ in range(3):
+        vllm_kunlun.register()
+    lines = [
+        r.getMessage()
+        for r in caplog.records
+        if r.getMessage() == vllm_kunlun.KNOWN_MESSAGES_LINE
+    ]
+    assert len(lines) == 1
+    assert "Failed to import Triton kernels" in lines[0]
+    assert "Failed to import from vllm._C" in lines[0]
+    assert "Messages you can ignore" in lines[0]

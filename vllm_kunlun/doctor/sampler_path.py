@@ -1,4 +1,4 @@
-"""Check 8: which sampling implementation the active platform uses, and a probe that
+"""Check 9: which sampling implementation the active platform uses, and a probe that
 the sampler's noise is generated on the sampler's device.
 
 The deployment's decode stall: vLLM's native sampler drew its noise with
