@@ -1,15 +1,18 @@
 """``vllm-kunlun patch status|apply|revert|verify``: the file patch set from the shell.
 
-Exit codes: 0 done (or nothing to do); 1 drift found (status) or the set is not fully
-applied and verified (verify); 2 refused or failed with every file as before (wrong
-vLLM / torch pair, drift, unwritable file, lock busy, a write that was rolled back);
-3 a write failed and restoring failed too (the message names the files and the fix).
+Exit codes: 0 done (or nothing to do); 1 drift or leftover temp files found (status)
+or the set is not fully applied and verified (verify); 2 refused or failed with every
+file as before (wrong vLLM / torch pair, drift, unwritable or unreadable file, a
+malformed patch set, lock busy, a write that was rolled back); 3 a write failed and
+restoring failed too (the message names the files and the fix). Bad arguments exit 2
+(argparse).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from typing import Any
 
@@ -36,7 +39,7 @@ def add_parser(sub: Any) -> None:
     )
     common.add_argument(
         "--lock-timeout",
-        type=float,
+        type=_lock_timeout,
         default=60.0,
         help="seconds to wait for another patch run on the same vLLM (default 60)",
     )
@@ -54,6 +57,20 @@ def add_parser(sub: Any) -> None:
     p.set_defaults(func=run)
 
 
+def _lock_timeout(raw: str) -> float:
+    try:
+        value = float(raw)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{raw!r} is not a number of seconds"
+        ) from None
+    if not math.isfinite(value) or value < 0:
+        raise argparse.ArgumentTypeError(
+            f"{raw!r} is not a finite number of seconds >= 0"
+        )
+    return value
+
+
 def run(args: argparse.Namespace) -> int:
     from vllm_kunlun.patching import engine
     from vllm_kunlun.patching.errors import PatchError, RollbackFailed
@@ -64,7 +81,7 @@ def run(args: argparse.Namespace) -> int:
             report = engine.status(**kwargs, lock_timeout=args.lock_timeout)
             fixes = _runtime_fixes()
             # the runtime fixes go above the summary line, which stays last
-            body, _, summary = _render_status(report).rpartition("\n")
+            body, _, summary = _render_status(report, args).rpartition("\n")
             _emit(
                 args,
                 {**report.to_json(), "runtime_fixes": fixes},
@@ -72,7 +89,7 @@ def run(args: argparse.Namespace) -> int:
             )
             if report.pair_problem is not None:
                 return EXIT_REFUSED
-            return EXIT_DRIFT if report.drifted else EXIT_OK
+            return EXIT_DRIFT if report.drifted or report.leftovers else EXIT_OK
         if args.patch_action == "verify":
             report, problems = engine.verify(**kwargs, lock_timeout=args.lock_timeout)
             payload = {
@@ -80,7 +97,7 @@ def run(args: argparse.Namespace) -> int:
                 "verified": not problems,
                 "problems": problems,
             }
-            text = _render_status(report)
+            text = _render_status(report, args)
             text += "\n" + (
                 "verified: every patch applied, revert reproduces the pristine files"
                 if not problems
@@ -92,6 +109,11 @@ def run(args: argparse.Namespace) -> int:
         outcome = change(**kwargs, dry_run=args.dry_run, lock_timeout=args.lock_timeout)
         lines = [outcome.message]
         lines += [
+            f"  {'would remove' if outcome.dry_run else 'removed'} leftover temp "
+            f"file {p}"
+            for p in outcome.removed
+        ]
+        lines += [
             f"  {'would change' if outcome.dry_run else 'changed'} {t}"
             for t in outcome.changed
         ]
@@ -100,11 +122,29 @@ def run(args: argparse.Namespace) -> int:
         _emit(args, outcome.to_json(), "\n".join(lines))
         return EXIT_OK
     except PatchError as exc:
-        if args.json:
-            print(json.dumps({"error": exc.to_json()}, indent=2))
-        else:
-            print(f"vllm-kunlun patch {args.patch_action}: {exc}", file=sys.stderr)
+        _emit_error(args, exc.to_json(), str(exc))
         return EXIT_INCONSISTENT if isinstance(exc, RollbackFailed) else EXIT_REFUSED
+    except OSError as exc:
+        # Whatever the checks did not foresee on a hostile tree: a refusal with the
+        # file named, never a traceback (which would exit 1, the drift code).
+        error = {
+            "type": type(exc).__name__,
+            "file": str(exc.filename or ""),
+            "reason": exc.strerror or str(exc),
+            "fix": "fix the file named above (or pass --root / --patches another "
+            "tree) and rerun",
+        }
+        _emit_error(
+            args, error, f"{error['file']}: {error['reason']}. Fix: {error['fix']}"
+        )
+        return EXIT_REFUSED
+
+
+def _emit_error(args: argparse.Namespace, error: dict[str, str], text: str) -> None:
+    if args.json:
+        print(json.dumps({"error": error}, indent=2))
+    else:
+        print(f"vllm-kunlun patch {args.patch_action}: {text}", file=sys.stderr)
 
 
 def _runtime_fixes() -> dict[str, str]:
@@ -124,7 +164,10 @@ def _emit(args: argparse.Namespace, payload: dict[str, Any], text: str) -> None:
     print(json.dumps(payload, indent=2) if args.json else text)
 
 
-def _render_status(report: Any) -> str:
+def _render_status(report: Any, args: argparse.Namespace) -> str:
+    from vllm_kunlun.patching.engine import patch_command
+
+    apply_cmd = patch_command("apply", args.root, args.patches)
     ps = report.patch_set
     lines = [
         f"patch set {ps.name} (vLLM {ps.vllm_version} + torch {ps.torch_version}) "
@@ -141,13 +184,23 @@ def _render_status(report: Any) -> str:
         lines.append(f"  {p.id:<{id_width}}  {p.target:<{target_width}}  {state}")
         if p.detail:
             lines.append(f"      {p.detail}")
+    if report.leftovers:
+        lines.append("  leftover temp files of an interrupted apply / revert:")
+        lines += [f"      {p}" for p in report.leftovers]
     summary = report.summary_line()
     if report.drifted:
-        summary += (
-            f". Fix: pip install --no-deps --force-reinstall vllm=={ps.vllm_version}, "
-            "then vllm-kunlun patch apply"
+        where = (
+            f" (with the pip of the environment that holds {args.root})"
+            if args.root is not None
+            else ""
         )
-    elif report.applied < report.total and report.pair_problem is None:
-        summary += ". Fix: vllm-kunlun patch apply"
+        summary += (
+            f". Fix: pip install --no-deps --force-reinstall vllm=={ps.vllm_version}"
+            f"{where}, then {apply_cmd}"
+        )
+    elif report.pair_problem is None and (
+        report.applied < report.total or report.leftovers
+    ):
+        summary += f". Fix: {apply_cmd}"
     lines.append(summary)
     return "\n".join(lines)
