@@ -10,6 +10,8 @@ import argparse
 import json
 from typing import Any
 
+from vllm_kunlun.cli_args import int_range, non_negative_float
+
 
 def add_parser(sub: Any) -> None:
     p = sub.add_parser(
@@ -22,10 +24,10 @@ def add_parser(sub: Any) -> None:
     )
     p.add_argument("--model", help="a local model directory instead of the tiny model")
     p.add_argument("--prompt", action="append", help="a prompt (repeatable)")
-    p.add_argument("--max-tokens", type=int, default=32)
-    p.add_argument("--temperature", type=float, default=0.0)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--max-model-len", type=int, default=512)
+    p.add_argument("--max-tokens", type=int_range(1, 1 << 20), default=32)
+    p.add_argument("--temperature", type=non_negative_float(1e4), default=0.0)
+    p.add_argument("--seed", type=int_range(0, (1 << 63) - 1), default=0)
+    p.add_argument("--max-model-len", type=int_range(1, 1 << 24), default=512)
     p.add_argument(
         "--in-process",
         action="store_true",

@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 from typing import Any
+
+from vllm_kunlun.cli_args import non_negative_float
 
 EXIT_OK, EXIT_DRIFT, EXIT_REFUSED, EXIT_INCONSISTENT = 0, 1, 2, 3
 
@@ -39,7 +40,7 @@ def add_parser(sub: Any) -> None:
     )
     common.add_argument(
         "--lock-timeout",
-        type=_lock_timeout,
+        type=non_negative_float(),
         default=60.0,
         help="seconds to wait for another patch run on the same vLLM (default 60)",
     )
@@ -48,27 +49,19 @@ def add_parser(sub: Any) -> None:
     )
     actions = p.add_subparsers(dest="patch_action", required=True)
     for name, text in (
-        ("status", "per patch: applied, not applied or drifted (exit 1 on drift)"),
-        ("apply", "apply the whole set or nothing; a second apply is a no-op"),
+        (
+            "status",
+            "per patch: applied, not applied or drifted (exit 1 on drift or leftover temp files)",
+        ),
+        (
+            "apply",
+            "apply the whole set (rolled back on an error); a second apply is a no-op",
+        ),
         ("revert", "restore the exact pre-patch files"),
         ("verify", "exit 0 only if every patch is applied and revert would work"),
     ):
         actions.add_parser(name, parents=[common], help=text, description=text)
     p.set_defaults(func=run)
-
-
-def _lock_timeout(raw: str) -> float:
-    try:
-        value = float(raw)
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"{raw!r} is not a number of seconds"
-        ) from None
-    if not math.isfinite(value) or value < 0:
-        raise argparse.ArgumentTypeError(
-            f"{raw!r} is not a finite number of seconds >= 0"
-        )
-    return value
 
 
 def run(args: argparse.Namespace) -> int:
