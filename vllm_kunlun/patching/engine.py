@@ -1,10 +1,13 @@
 """The patch engine: status, apply, revert and verify of a file patch set.
 
 Why: the patch_torch251 set changes files of the installed vLLM. That must be boring:
-every target file is identified by its sha256 before and after the whole set, apply is
-all-or-nothing (checks first, atomic writes, roll back on any failure), a second apply
-is a no-op, revert restores the exact pre-patch bytes by un-applying the diffs (no
-``.bak`` files next to the package), and concurrent runs are serialised by a lock.
+every target file is identified by its sha256 before and after the whole set, apply
+changes the whole set or, on an error, nothing (checks first, atomic writes, roll back
+on any failure), a second apply is a no-op, revert restores the exact pre-patch bytes by
+un-applying the diffs (no ``.bak`` files next to the package), and concurrent runs are
+serialised by a lock. A run killed outright (SIGKILL) cannot roll back: every file is
+still whole, but the set may be partly applied and temp files may remain; status and
+verify report them, and the next apply / revert removes them and completes the set.
 
 The installed vLLM is found through the import system (never site-packages guessing);
 tests pass an explicit ``root``. Nothing here imports vLLM or torch, so the engine can
