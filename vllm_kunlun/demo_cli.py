@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from vllm_kunlun.cli_args import int_range, non_negative_float
 from vllm_kunlun.cli_streams import output_to_file
 
 
@@ -27,12 +28,12 @@ def add_parser(sub: Any) -> None:
     )
     p.add_argument("--model", help="a local model directory instead of the tiny model")
     p.add_argument("--prompt", action="append", help="a prompt (repeatable)")
-    p.add_argument("--max-tokens", type=int, default=32)
-    p.add_argument("--temperature", type=float, default=0.0)
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--max-tokens", type=int_range(1, 1 << 20), default=32)
+    p.add_argument("--temperature", type=non_negative_float(1e4), default=0.0)
+    p.add_argument("--seed", type=int_range(0, (1 << 63) - 1), default=0)
     p.add_argument(
         "--max-model-len",
-        type=int,
+        type=int_range(1, 1 << 24),
         default=512,
         help="the engine's context length (default 512, plenty for the tiny model; "
         "lower it for a --model whose KV cache would not fit)",
@@ -70,7 +71,11 @@ def add_parser(sub: Any) -> None:
         help="write a deterministic tiny checkpoint (Qwen3, or Qwen3.5 hybrid) and "
         "tokenizer",
     )
-    t.add_argument("directory", help="where to write it (created if needed)")
+    t.add_argument(
+        "directory",
+        help="where to write it: a new or empty directory (created if needed), or "
+        "one tiny-model wrote before (refreshed)",
+    )
     t.add_argument(
         "--arch",
         choices=("qwen3", "qwen3_5"),
@@ -95,30 +100,42 @@ def add_parser(sub: Any) -> None:
 
 
 def run_tiny_model_command(args: argparse.Namespace) -> int:
-    from vllm_kunlun.tiny_model import checksum, write_tiny_model
+    quant = getattr(args, "quant", None)
+    if args.arch == "qwen3_5" and quant == "w8a8":
+        return _tiny_model_refused("--quant w8a8 is written for --arch qwen3 only")
+    if args.arch != "qwen3_5" and args.layout != "causal":
+        return _tiny_model_refused("--layout applies to --arch qwen3_5 only")
 
+    from vllm_kunlun.tiny_model import OutputDirError, checksum, prepare_output_dir
+
+    try:
+        # Checked before torch is imported: a refusal is immediate.
+        prepare_output_dir(args.directory)
+    except OutputDirError as exc:
+        return _tiny_model_refused(str(exc))
     if args.arch == "qwen3_5":
+        from vllm_kunlun.tiny_model import write_tiny_model
         from vllm_kunlun.tiny_qwen3_5 import ARCHITECTURES, TinyQwen3_5Spec
 
-        if getattr(args, "quant", None) == "w8a8":
-            print("tiny-model: --quant w8a8 is written for --arch qwen3 only")
-            return 2
         out = write_tiny_model(args.directory, TinyQwen3_5Spec(layout=args.layout))
         what = f"tiny Qwen3.5 hybrid ({ARCHITECTURES[args.layout]})"
-    else:
-        if args.layout != "causal":
-            print("tiny-model: --layout applies to --arch qwen3_5 only")
-            return 2
-        if getattr(args, "quant", None) == "w8a8":
-            from vllm_kunlun.tiny_quant import write_tiny_w8a8
+    elif quant == "w8a8":
+        from vllm_kunlun.tiny_quant import write_tiny_w8a8
 
-            out = write_tiny_w8a8(args.directory)
-            what = "tiny Qwen3 W8A8-INT8 (compressed-tensors, dynamic)"
-        else:
-            out = write_tiny_model(args.directory)
-            what = "tiny Qwen3"
+        out = write_tiny_w8a8(args.directory)
+        what = "tiny Qwen3 W8A8-INT8 (compressed-tensors, dynamic)"
+    else:
+        from vllm_kunlun.tiny_model import write_tiny_model
+
+        out = write_tiny_model(args.directory)
+        what = "tiny Qwen3"
     print(f"{what} written to {out} (sha256 {checksum(out)[:16]})")
     return 0
+
+
+def _tiny_model_refused(why: str) -> int:
+    print(f"vllm-kunlun tiny-model: {why}", file=sys.stderr)
+    return 2
 
 
 def _print_report(report: Any) -> None:

@@ -23,6 +23,15 @@ from typing import Protocol
 SEED = 20260815
 FORMAT_VERSION = 2  # 2: the tokenizer has a chat template (weights unchanged)
 MARKER = "vllm-kunlun-tiny.json"
+"""Written last: a directory with it holds a complete tiny checkpoint."""
+OWNER_MARKER = ".vllm-kunlun-tiny-owner"
+"""Written first: the directory is ours to refresh (even after an interrupted build)."""
+
+
+class OutputDirError(ValueError):
+    """The directory cannot receive a tiny checkpoint; the message says why and what
+    to pass instead."""
+
 
 # The tokenizer's vocabulary: special tokens, then a fixed word list. Order is the id.
 SPECIAL_TOKENS = ("<|endoftext|>", "<unk>", "<pad>")
@@ -243,19 +252,56 @@ def _dump(obj: dict) -> bytes:
 write_atomic = _write_atomic  # also used by tiny_quant
 
 
+def prepare_output_dir(directory: str | os.PathLike[str]) -> Path:
+    """Create ``directory`` for a tiny checkpoint, or refuse (OutputDirError).
+
+    Why: the writers replace config.json, weights and tokenizer files. A directory that
+    holds something else (a real model, a user's files) must not lose them: only a new
+    or empty directory, or one a tiny-model writer wrote before (its markers), is used.
+    """
+    out = Path(directory)
+    if out.exists() and not out.is_dir():
+        raise OutputDirError(
+            f"{out} is a file, not a directory; pass a directory path (it is created "
+            "if needed)"
+        )
+    if out.is_dir():
+        try:
+            names = sorted(os.listdir(out))
+        except OSError as exc:
+            raise OutputDirError(f"{out} cannot be listed ({exc.strerror})") from exc
+        if names and OWNER_MARKER not in names and MARKER not in names:
+            shown = ", ".join(names[:5]) + (", ..." if len(names) > 5 else "")
+            raise OutputDirError(
+                f"{out} is not empty ({shown}) and was not written by vllm-kunlun "
+                "tiny-model: refusing to overwrite it; pass a new or empty directory"
+            )
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        (out / OWNER_MARKER).write_text(
+            "written by vllm-kunlun tiny-model: this directory may be rewritten by it\n"
+        )
+    except OSError as exc:  # a parent that is a file, no permission, read-only
+        raise OutputDirError(
+            f"cannot create {out} ({exc.strerror or exc}); pass a writable directory "
+            "path"
+        ) from exc
+    return out
+
+
 def write_tiny_model(
     directory: str | os.PathLike[str], spec: TinySpec | None = None
 ) -> Path:
     """Write the checkpoint and tokenizer into ``directory`` (created if needed).
 
     Same spec -> same bytes on every machine with the same torch. The marker file is
-    written last, so a directory with the marker is complete.
+    written last, so a directory with the marker is complete. Refuses (OutputDirError)
+    a file path and a non-empty directory that no tiny-model writer wrote.
     """
     from safetensors.torch import save
 
     spec = spec or TinyQwen3Spec()
-    out = Path(directory)
-    out.mkdir(parents=True, exist_ok=True)
+    out = prepare_output_dir(directory)
     vocab = vocabulary(getattr(spec, "vocab_size", None))
 
     _write_atomic(out / "config.json", _dump(spec.config(len(vocab))))

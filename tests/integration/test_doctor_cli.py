@@ -34,6 +34,7 @@ def test_doctor_json_on_a_broken_site(tmp_path: Path) -> None:
     by_name = {f["check"]: f for f in doc["findings"]}
     assert list(by_name) == [
         "environment",
+        "plugins",
         "platform",
         "devices",
         "stack_versions",
@@ -45,6 +46,7 @@ def test_doctor_json_on_a_broken_site(tmp_path: Path) -> None:
         "source_sync",
         "sampler_path",
     ]
+    assert by_name["plugins"]["status"] == "ok"  # VLLM_PLUGINS unset in the child
     assert by_name["platform"]["status"] == "ok"  # KunlunPlatform via the fake driver
     assert by_name["model_path"]["status"] == "fail"
     assert by_name["model_path"]["fix"] == f"did you mean '{real}'?"

@@ -11,7 +11,6 @@ import hashlib
 import importlib.util
 import os
 import shutil
-import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -56,10 +55,11 @@ def copy_tree(dest: Path, full: bool = False) -> Path:
 
 
 def snapshot(root: Path) -> dict[str, bytes]:
+    """Every file of the tree but the lock file (which lives beside the package)."""
     return {
         str(p.relative_to(root)): p.read_bytes()
         for p in sorted(root.rglob("*"))
-        if p.is_file()
+        if p.is_file() and p.name != fsops.LOCK_NAME
     }
 
 
@@ -69,7 +69,6 @@ def sha(path: Path) -> str:
 
 @pytest.fixture
 def tree(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # lock files go here
     if engine.read_vllm_version(installed_root()) != "0.15.1":
         pytest.skip("needs the installed vLLM 0.15.1")
     if (engine.installed_torch_version() or "").split("+")[0] != "2.5.1":
@@ -213,13 +212,11 @@ def test_failure_after_the_rename_is_rolled_back_too(
     assert snapshot(tree) == original
 
 
-def test_unusable_lock_directory_is_a_clear_refusal(
-    tree: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setattr(tempfile, "tempdir", str(tree / "no" / "such" / "dir"))
-    with pytest.raises(LockBusy, match="cannot open the lock file") as err:
+def test_unusable_lock_file_is_a_clear_refusal(tree: Path) -> None:
+    fsops.lock_path(tree / "vllm").mkdir()  # not a file: cannot be the lock
+    with pytest.raises(LockBusy, match="refusing to use the lock file") as err:
         apply(tree)
-    assert "TMPDIR" in err.value.fix
+    assert "remove" in err.value.fix
 
 
 def test_failed_restore_is_reported_as_inconsistent(

@@ -181,6 +181,21 @@ def test_bf16_state_pads_to_a_smaller_block(tmp_path: Path) -> None:
         ),
         ("num_hidden_layers", -1, "text_config.num_hidden_layers = -1 is out of range"),
         ("layer_types", ["linear_attention"] * 3, "must list num_hidden_layers = 64"),
+        # Hostile values: 1e30 layers on a hybrid model_type used to build a 1e30-entry
+        # layer list (GBs, never ending); negative or NaN heads crashed or passed.
+        (
+            "num_hidden_layers",
+            1e30,
+            "text_config.num_hidden_layers = 1e+30 is out of range (1 to 4096)",
+        ),
+        ("num_attention_heads", -24, "num_attention_heads = -24 is out of range"),
+        ("num_attention_heads", 0, "num_attention_heads = 0 is out of range"),
+        ("num_attention_heads", float("nan"), "num_attention_heads = nan is not a"),
+        ("num_key_value_heads", "4", "num_key_value_heads = '4' is not an integer"),
+        ("head_dim", 1e9, "text_config.head_dim = 1000000000.0 is out of range"),
+        ("vocab_size", 1 << 40, "text_config.vocab_size = 1099511627776 is out of"),
+        ("num_hidden_layers", None, "text_config.num_hidden_layers = None is not an"),
+        ("layer_types", "linear_attention", "layer_types must be a list of strings"),
     ],
 )
 def test_out_of_range_config_values_are_named(
@@ -229,3 +244,34 @@ def test_relative_model_resolved_against_cwd(tmp_path: Path) -> None:
     rel = os.path.relpath(model, tmp_path)
     f = check_kv_budget(Context(model=rel, cwd=str(tmp_path), device_memory_bytes=P800))
     assert f.status in ("ok", "warn") and f.details["linear_attention_layers"] == 48
+
+
+@pytest.mark.parametrize(
+    ("drop", "words"),
+    [
+        ("num_hidden_layers", "text_config.num_hidden_layers is missing"),
+        ("num_attention_heads", "text_config.num_attention_heads is missing"),
+        ("vocab_size", "text_config.vocab_size is missing"),
+    ],
+)
+def test_missing_fields_are_named_not_a_crash(
+    tmp_path: Path, drop: str, words: str
+) -> None:
+    text = {k: v for k, v in TEXT.items() if k != drop}
+    model = _model_dir(tmp_path, {**NESTED, "text_config": text}, weights_bytes=0)
+    f = _check(model, tensor_parallel_size=8)
+    assert f.status == "fail" and f.cause == f"config.json: {words}", f
+    assert "traceback" not in f.details
+
+
+def test_text_config_that_is_not_an_object(tmp_path: Path) -> None:
+    model = _model_dir(tmp_path, {**NESTED, "text_config": "qwen"}, weights_bytes=0)
+    f = _check(model)
+    assert f.status == "fail" and "text_config must be an object" in f.cause
+
+
+def test_unreadable_config_is_a_skip_naming_the_file(tmp_path: Path) -> None:
+    model = _model_dir(tmp_path, FLAT, weights_bytes=0)
+    (Path(model) / "config.json").write_bytes(b"\xff{}")
+    f = _check(model)
+    assert f.status == "skip" and "config.json is not UTF-8" in f.cause

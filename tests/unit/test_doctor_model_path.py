@@ -4,10 +4,13 @@ near-miss names built in tmp_path."""
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
 
+from vllm_kunlun.doctor import config_file
+from vllm_kunlun.doctor.budget import check_kv_budget
 from vllm_kunlun.doctor.finding import Context
 from vllm_kunlun.doctor.model_path import check_model_path, looks_local, suggestions
 from vllm_kunlun.guards import ModelPathError, model_path_guard
@@ -120,3 +123,107 @@ def test_guard_lets_hub_ids_and_existing_paths_through(site: Path) -> None:
     model_path_guard("Qwen/Qwen3-8B", cwd=str(site))
     model_path_guard(f"models/{REAL}", cwd=str(site))
     model_path_guard(None)
+
+
+def test_architectures_as_a_string_is_named(site: Path) -> None:
+    """Not a list of letters: the field, its value and the fix."""
+    d = site / "models" / REAL
+    (d / "config.json").write_text(
+        json.dumps({"architectures": "Qwen3ForCausalLM", "model_type": "qwen3"})
+    )
+    f = check_model_path(_ctx(site, f"models/{REAL}"))
+    assert f.status == "fail"
+    assert "'architectures' is the string 'Qwen3ForCausalLM', not a list" in f.cause
+    assert "'Q', 'w'" not in f.cause
+    assert '["Qwen3ForCausalLM"]' in f.fix
+
+
+def test_architectures_of_other_types_are_named(site: Path) -> None:
+    d = site / "models" / REAL
+    (d / "config.json").write_text(json.dumps({"architectures": [1, 2]}))
+    f = check_model_path(_ctx(site, f"models/{REAL}"))
+    assert f.status == "fail" and "must be a list of class names" in f.cause
+
+
+def test_fifo_config_does_not_hang(site: Path) -> None:
+    d = site / "models" / REAL
+    os.mkfifo(d / "config.json")
+    f = check_model_path(_ctx(site, f"models/{REAL}"))
+    assert f.status == "fail" and "not a regular file" in f.cause
+
+
+def test_huge_config_is_refused_without_reading_it(
+    site: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    config = site / "models" / REAL / "config.json"
+    with open(config, "wb") as f:
+        f.truncate(2 << 30)  # sparse: 2 GiB that takes no disk
+    read = _count_reads(monkeypatch)
+    f = check_model_path(_ctx(site, f"models/{REAL}"))
+    assert (
+        f.status == "fail"
+        and "larger than 16 MiB" in f.cause
+        and str(config) in f.cause
+    )
+    budget = check_kv_budget(_ctx(site, f"models/{REAL}"))
+    assert budget.status == "skip" and "larger than 16 MiB" in budget.cause
+    assert read == [0]
+
+
+def test_a_file_that_hides_its_size_is_read_to_the_cap_only(
+    site: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A file whose stat says 0 bytes (as /proc files do, or one still growing): at
+    most cap + 1 bytes are read."""
+    config = site / "models" / REAL / "config.json"
+    config.write_text(json.dumps({"pad": "x" * 1000}))
+    real_fstat = os.fstat
+
+    def zero_size(fd: int) -> os.stat_result:
+        st = list(real_fstat(fd))
+        st[6] = 0  # st_size
+        return os.stat_result(st)
+
+    read = _count_reads(monkeypatch)
+    monkeypatch.setattr(config_file.os, "fstat", zero_size)
+    with pytest.raises(config_file.ConfigFileError, match="larger than"):
+        config_file.read_json_object(str(config), limit=100)
+    assert read == [101]
+
+
+def test_config_is_read_once_per_run(
+    site: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _model(site, "Qwen3ForCausalLM", True)
+    config = site / "models" / REAL / "config.json"
+    config.write_text(
+        json.dumps(
+            {
+                "architectures": ["Qwen3ForCausalLM"],
+                "model_type": "qwen3",
+                "num_hidden_layers": 2,
+                "num_attention_heads": 4,
+                "hidden_size": 64,
+                "vocab_size": 100,
+            }
+        )
+    )
+    read = _count_reads(monkeypatch)
+    assert check_model_path(_ctx(site, f"models/{REAL}")).status == "ok"
+    assert check_kv_budget(_ctx(site, f"models/{REAL}")).status == "ok"
+    assert read == [config.stat().st_size]
+
+
+def _count_reads(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Bytes read through ``os.read`` by the config reader (a list of one counter)."""
+    config_file._CACHE.clear()
+    real = os.read
+    total = [0]
+
+    def counting(fd: int, n: int) -> bytes:
+        data = real(fd, n)
+        total[0] += len(data)
+        return data
+
+    monkeypatch.setattr(config_file.os, "read", counting)
+    return total

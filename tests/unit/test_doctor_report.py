@@ -123,6 +123,55 @@ def test_cli_rejects_bad_numbers(capsys: pytest.CaptureFixture[str]) -> None:
     assert "not in (0, 1]" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize(
+    ("argv", "words"),
+    [
+        # nan / inf crashed the budget; -5 advised utilization 2.20; 0 silently
+        # meant "ask the device" (96 GiB); -1000 GiB of reserve gave "11.41".
+        (["doctor", "--device-memory-gib", "nan"], "not a finite number"),
+        (["doctor", "--device-memory-gib", "inf"], "not a finite number"),
+        (["doctor", "--device-memory-gib", "-5"], "not a number > 0"),
+        (["doctor", "--device-memory-gib", "0"], "not a number > 0"),
+        (["doctor", "--reserve-gib", "-1000"], "not a number >= 0"),
+        (["doctor", "--reserve-gib", "nan"], "not a finite number"),
+        (["doctor", "--gpu-memory-utilization", "nan"], "not a finite number"),
+        (["doctor", "--tensor-parallel-size", "0"], "out of range"),
+        (["doctor", "--max-num-seqs", "1e400"], "not an integer"),
+        (["doctor", "--max-num-seqs", str(10**400)], "out of range"),
+        (["demo", "--max-tokens", "0"], "out of range"),
+        (["demo", "--temperature", "-1"], "not a number >= 0"),
+        (["demo", "--temperature", "nan"], "not a finite number"),
+        (["demo", "--seed", "-3"], "out of range"),
+        (["demo", "--max-model-len", "-512"], "out of range"),
+        (["patch", "apply", "--lock-timeout", "nan"], "not a finite number"),
+        (["patch", "apply", "--lock-timeout", "-1"], "not a number >= 0"),
+    ],
+)
+def test_every_numeric_option_is_checked_at_parsing(
+    capsys: pytest.CaptureFixture[str], argv: list[str], words: str
+) -> None:
+    option = next(a for a in argv if a.startswith("--"))
+    with pytest.raises(SystemExit) as exc:
+        main(argv)
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert f"argument {option}" in err and words in err, err
+
+
+def test_cli_device_memory_is_used_as_given(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    seen: list[Context] = []
+
+    def record(ctx: Context) -> Finding:
+        seen.append(ctx)
+        return Finding("x", "ok", "fine")
+
+    monkeypatch.setattr(checks_module, "CHECKS", [("x", record)])
+    assert main(["doctor", "--device-memory-gib", "0.5", "--reserve-gib", "0"]) == 0
+    assert seen[0].device_memory_bytes == 1 << 29 and seen[0].reserve_gib == 0.0
+
+
 def test_every_check_is_documented() -> None:
     """docs/doctor.md and the schema name every check the doctor runs."""
     from pathlib import Path

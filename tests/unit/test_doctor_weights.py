@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 from safetensors.torch import load_file
 
 from vllm_kunlun.doctor.budget import check_kv_budget
@@ -94,3 +95,16 @@ def test_estimate_matches_the_tiny_w8a8_checkpoint(tmp_path: Path) -> None:
     )
     est = estimate_weights(json.loads((d / "config.json").read_text()))
     assert est is not None and est.total_bytes == written
+
+
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [("num_hidden_layers", 1e30), ("num_attention_heads", -24), ("hidden_size", 0)],
+)
+def test_hostile_dimensions_give_no_estimate(key: str, value: object) -> None:
+    """1e30 layers used to build a 1e30-entry layer list; a negative head count gave
+    a negative weight size that the budget then accepted."""
+    text = {**CONFIG_27B["text_config"], key: value}
+    if key == "num_hidden_layers":
+        text.pop("layer_types")  # the interval default builds the list
+    assert estimate_weights({**CONFIG_27B, "text_config": text}) is None

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import stat
-import tempfile
 from pathlib import Path
 
 import pytest
@@ -69,15 +68,11 @@ def test_check_writable(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None
     assert "not writable" in str(fsops.check_writable(target))
 
 
-def test_lock_is_outside_the_package_and_exclusive(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
-    (tmp_path / "tmp").mkdir()
+def test_lock_is_beside_the_package_and_exclusive(tmp_path: Path) -> None:
     package = tmp_path / "vllm"
     package.mkdir()
     path = fsops.lock_path(package)
-    assert package not in path.parents and path.parent == tmp_path / "tmp"
+    assert path == tmp_path / fsops.LOCK_NAME  # outside the package, next to it
     with (
         fsops.tree_lock(package, exclusive=True),
         pytest.raises(LockBusy) as err,
@@ -97,3 +92,24 @@ def test_lock_is_outside_the_package_and_exclusive(
 def test_lock_differs_per_tree(tmp_path: Path) -> None:
     a, b = tmp_path / "a" / "vllm", tmp_path / "b" / "vllm"
     assert fsops.lock_path(a) != fsops.lock_path(b)
+
+
+def test_lock_follows_a_symlinked_package_to_its_tree(tmp_path: Path) -> None:
+    """Two roots whose vllm is one package share one lock."""
+    real = tmp_path / "real" / "vllm"
+    real.mkdir(parents=True)
+    (tmp_path / "other").mkdir()
+    os.symlink(real, tmp_path / "other" / "vllm")
+    assert fsops.lock_path(tmp_path / "other" / "vllm") == fsops.lock_path(real)
+
+
+def test_leftovers_are_found_only_in_target_directories(tmp_path: Path) -> None:
+    (tmp_path / "vllm" / "sub").mkdir(parents=True)
+    mine = tmp_path / "vllm" / "sub" / f".b.py.x{fsops.TMP_SUFFIX}"
+    mine.write_text("x")
+    elsewhere = tmp_path / "vllm" / f".z.py.x{fsops.TMP_SUFFIX}"
+    elsewhere.write_text("x")
+    found = fsops.find_leftovers(tmp_path, ["vllm/sub/b.py"])
+    assert found == [mine]
+    assert fsops.remove_leftovers(found) == [] and not mine.exists()
+    assert elsewhere.exists()

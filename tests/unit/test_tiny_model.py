@@ -247,3 +247,59 @@ def test_cli_writes_the_hybrid(tmp_path: Path, capsys: pytest.CaptureFixture) ->
     assert tiny_model.is_tiny_model(target, TinyQwen3_5Spec(layout="composite"))
     assert "Qwen3_5ForConditionalGeneration" in capsys.readouterr().out
     assert main(["tiny-model", str(tmp_path / "q"), "--layout", "composite"]) == 2
+
+
+def _someone_elses_model(tmp_path: Path) -> tuple[Path, dict[str, bytes]]:
+    real = tmp_path / "real-model"
+    real.mkdir()
+    files = {"config.json": b'{"model_type": "llama"}', "model.safetensors": b"w" * 64}
+    for name, data in files.items():
+        (real / name).write_bytes(data)
+    return real, files
+
+
+@pytest.mark.parametrize(
+    "extra", [[], ["--arch", "qwen3_5"], ["--quant", "w8a8"]], ids=str
+)
+def test_cli_refuses_a_directory_it_did_not_write(
+    tmp_path: Path, capsys: pytest.CaptureFixture, extra: list[str]
+) -> None:
+    """It used to overwrite config.json, the weights and the tokenizer silently."""
+    real, files = _someone_elses_model(tmp_path)
+    assert main(["tiny-model", str(real), *extra]) == 2
+    err = capsys.readouterr().err
+    assert f"{real} is not empty (config.json, model.safetensors)" in err
+    assert "not written by vllm-kunlun tiny-model" in err and "Traceback" not in err
+    assert {p.name: p.read_bytes() for p in real.iterdir()} == files
+
+
+def test_cli_refuses_a_file_path(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    target = tmp_path / "notes.txt"
+    target.write_text("keep me")
+    assert main(["tiny-model", str(target)]) == 2
+    assert "is a file, not a directory" in capsys.readouterr().err
+    assert target.read_text() == "keep me"
+    assert main(["tiny-model", str(target / "sub")]) == 2  # below a file
+    assert "cannot create" in capsys.readouterr().err
+
+
+def test_writers_refuse_too(tmp_path: Path) -> None:
+    real, files = _someone_elses_model(tmp_path)
+    with pytest.raises(tiny_model.OutputDirError, match="refusing to overwrite"):
+        tiny_model.write_tiny_model(real)
+    from vllm_kunlun.tiny_quant import write_tiny_w8a8
+
+    with pytest.raises(tiny_model.OutputDirError):
+        write_tiny_w8a8(real)
+    assert {p.name: p.read_bytes() for p in real.iterdir()} == files
+
+
+def test_its_own_output_is_refreshed(tmp_path: Path) -> None:
+    """Also after an interrupted build (no completion marker yet), and an empty
+    directory is fine."""
+    target = tmp_path / "m"
+    target.mkdir()
+    tiny_model.write_tiny_model(target)
+    (target / tiny_model.MARKER).unlink()  # interrupted before the end
+    tiny_model.write_tiny_model(target)
+    assert tiny_model.is_tiny_model(target)

@@ -111,16 +111,34 @@ class ModelShape:
 
     @classmethod
     def from_config(cls, config: Mapping[str, Any]) -> ModelShape:
-        """Read and range-check the dimensions; ``ConfigRangeError`` names a bad key."""
-        nested = "text_config" if config.get("text_config") else ""
-        text = config.get("text_config") or config
+        """Read and range-check the dimensions; ``ConfigRangeError`` names a bad key.
+
+        Every dimension must be an integer within ``CONFIG_LIMITS``: a config with
+        1e30 layers would otherwise build a 1e30-entry layer list.
+        """
+        if not isinstance(config, Mapping):
+            raise ConfigRangeError("config.json is not a JSON object")
+        sub = config.get("text_config")
+        if sub is not None and not isinstance(sub, Mapping):
+            raise ConfigRangeError(
+                f"config.json: text_config must be an object, got {sub!r:.60}"
+            )
+        nested = "text_config" if sub else ""
+        text = sub or config
         model_type = str(text.get("model_type") or config.get("model_type") or "")
 
         def positive(key: str, default: Any = None, minimum: int = 1) -> int:
-            return _config_int(text, key, nested, default, minimum)
+            return config_int(text, key, nested, default, minimum)
 
         n = positive("num_hidden_layers")
         types = text.get("layer_types")
+        if types is not None and not (
+            isinstance(types, list) and all(isinstance(t, str) for t in types)
+        ):
+            raise ConfigRangeError(
+                f"config.json: {_key(nested, 'layer_types')} must be a list of strings, "
+                f"got {types!r:.60}"
+            )
         if types is None and model_type in _INTERVAL_DEFAULT_TYPES:
             interval = positive("full_attention_interval", 4)
             types = [
@@ -148,17 +166,31 @@ class ModelShape:
 
         def dim(key: str) -> int:
             # Needed (and at least 1) only when the model has linear-attention layers.
-            return positive(key) if linear else int(text.get(key) or 0)
+            return positive(key) if linear else positive(key, 0, minimum=0)
+
+        if text.get("head_dim") is not None:
+            head_dim = positive("head_dim")
+        else:
+            head_dim = positive("hidden_size") // heads
+            if head_dim < 1:
+                raise ConfigRangeError(
+                    f"config.json: {_key(nested, 'hidden_size')} "
+                    f"{text.get('hidden_size')} is smaller than "
+                    f"{_key(nested, 'num_attention_heads')} {heads} (head_dim would "
+                    "be 0)"
+                )
+        if "vocab_size" in text or "vocab_size" not in config:
+            vocab = positive("vocab_size")
+        else:
+            vocab = config_int(config, "vocab_size", "", None, 1)
 
         return cls(
             model_type=model_type,
             num_layers=n,
             linear_layers=linear,
             num_kv_heads=positive("num_key_value_heads", heads),
-            head_dim=positive("head_dim", None)
-            if text.get("head_dim")
-            else positive("hidden_size") // heads,
-            vocab_size=int(text.get("vocab_size") or config.get("vocab_size") or 0),
+            head_dim=head_dim,
+            vocab_size=vocab,
             dtype=dtype,
             linear_num_key_heads=dim("linear_num_key_heads"),
             linear_num_value_heads=dim("linear_num_value_heads"),
@@ -217,24 +249,58 @@ class ModelShape:
 
 
 class ConfigRangeError(ValueError):
-    """A model config value the budget cannot use (missing, not an integer, too small)."""
+    """A model config value the budget cannot use (missing, not an integer, out of
+    range); the message names the field."""
+
+
+CONFIG_LIMITS: dict[str, int] = {
+    "num_hidden_layers": 4096,
+    "full_attention_interval": 4096,
+    "num_attention_heads": 4096,
+    "num_key_value_heads": 4096,
+    "head_dim": 65536,
+    "hidden_size": 1 << 20,
+    "intermediate_size": 1 << 22,
+    "vocab_size": 1 << 24,
+    "linear_num_key_heads": 4096,
+    "linear_num_value_heads": 4096,
+    "linear_key_head_dim": 65536,
+    "linear_value_head_dim": 65536,
+    "linear_conv_kernel_dim": 1024,
+}
+"""Upper bounds far above any real model (the largest today have ~200 layers, hidden
+sizes of tens of thousands, vocabularies of ~1M): a value above one is a broken or
+hostile config, not a model."""
+_DEFAULT_LIMIT = 1 << 24
 
 
 def _key(nested: str, key: str) -> str:
     return f"{nested}.{key}" if nested else key
 
 
-def _config_int(
-    section: Mapping[str, Any], key: str, nested: str, default: Any, minimum: int
+def config_int(
+    section: Mapping[str, Any],
+    key: str,
+    nested: str = "",
+    default: Any = None,
+    minimum: int = 1,
 ) -> int:
+    """``section[key]`` as an int in [minimum, CONFIG_LIMITS[key]], or ConfigRangeError
+    naming the field (``nested`` is the section's name, e.g. "text_config")."""
+    name = _key(nested, key)
+    if key not in section and default is None:
+        raise ConfigRangeError(f"config.json: {name} is missing")
     raw = section.get(key, default)
+    if raw is None and default is not None:
+        raw = default
+    if isinstance(raw, float) and not math.isfinite(raw):
+        raise ConfigRangeError(f"config.json: {name} = {raw!r} is not a finite integer")
     if isinstance(raw, bool) or not isinstance(raw, (int, float)) or raw != int(raw):
+        raise ConfigRangeError(f"config.json: {name} = {raw!r:.60} is not an integer")
+    limit = CONFIG_LIMITS.get(key, _DEFAULT_LIMIT)
+    if not minimum <= raw <= limit:
         raise ConfigRangeError(
-            f"config.json: {_key(nested, key)} = {raw!r} is not an integer"
-        )
-    if int(raw) < minimum:
-        raise ConfigRangeError(
-            f"config.json: {_key(nested, key)} = {raw!r} is out of range (>= {minimum})"
+            f"config.json: {name} = {raw!r} is out of range ({minimum} to {limit})"
         )
     return int(raw)
 
@@ -449,6 +515,14 @@ def check_kv_budget(ctx: Context) -> Finding:
         )
     try:
         config = read_config(verdict.path)
+    except (OSError, ValueError) as exc:  # the model_path finding says the same
+        return Finding(
+            "kv_budget",
+            "skip",
+            f"config.json cannot be read: {exc}",
+            "see the model_path finding",
+        )
+    try:
         shape = ModelShape.from_config(config)
     except ConfigRangeError as exc:
         return Finding(

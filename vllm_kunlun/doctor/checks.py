@@ -10,6 +10,7 @@ from vllm_kunlun.doctor.environment import check_environment
 from vllm_kunlun.doctor.finding import Check
 from vllm_kunlun.doctor.model_path import check_model_path
 from vllm_kunlun.doctor.patchset import check_patchset
+from vllm_kunlun.doctor.plugins import check_plugins
 from vllm_kunlun.doctor.sampler_path import check_sampler_path
 from vllm_kunlun.doctor.source_sync import check_source_sync
 from vllm_kunlun.doctor.stack import check_stack_versions
@@ -19,6 +20,8 @@ from vllm_kunlun.doctor.vendor_contract import check_vendor_contract
 CHECKS: list[tuple[str, Check]] = [
     # First: a malformed variable stops the engine, and other checks read them too.
     ("environment", check_environment),
+    # Before platform: a VLLM_PLUGINS that leaves ours out explains a wrong platform.
+    ("plugins", check_plugins),
     ("platform", check_platform),
     ("devices", check_devices),
     ("stack_versions", check_stack_versions),

@@ -7,6 +7,13 @@ import os
 import sys
 from typing import Any
 
+from vllm_kunlun.cli_args import fraction, int_range, non_negative_float, positive_float
+
+# Bounds far above any deployment, low enough that the arithmetic stays exact.
+MAX_TP = 1024
+MAX_SEQS = 1 << 20
+MAX_GIB = 1 << 20
+
 
 def add_parser(sub: Any) -> None:
     p = sub.add_parser(
@@ -16,9 +23,9 @@ def add_parser(sub: Any) -> None:
         "check fails. See docs/doctor.md.",
     )
     p.add_argument("--model", help="model directory (or Hub id) the engine will load")
-    p.add_argument("--tensor-parallel-size", type=_positive_int, default=1)
-    p.add_argument("--max-num-seqs", type=_positive_int, default=256)
-    p.add_argument("--gpu-memory-utilization", type=_fraction, default=0.9)
+    p.add_argument("--tensor-parallel-size", type=int_range(1, MAX_TP), default=1)
+    p.add_argument("--max-num-seqs", type=int_range(1, MAX_SEQS), default=256)
+    p.add_argument("--gpu-memory-utilization", type=fraction, default=0.9)
     p.add_argument(
         "--mamba-cache-dtype",
         choices=("auto", "float32", "bfloat16", "float16"),
@@ -27,13 +34,14 @@ def add_parser(sub: Any) -> None:
     )
     p.add_argument(
         "--device-memory-gib",
-        type=float,
-        help="memory of one card (default: torch.cuda's, else a P800's 96 GiB)",
+        type=positive_float(MAX_GIB),
+        help="memory of one card, > 0 (default: torch.cuda's, else a P800's 96 GiB)",
     )
     p.add_argument(
         "--reserve-gib",
-        type=float,
-        help="runtime reserve beside the KV cache for the budget check (default 6)",
+        type=non_negative_float(MAX_GIB),
+        help="runtime reserve beside the KV cache for the budget check, >= 0 "
+        "(default 6)",
     )
     p.add_argument(
         "--source",
@@ -42,20 +50,6 @@ def add_parser(sub: Any) -> None:
     )
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=run)
-
-
-def _positive_int(raw: str) -> int:
-    value = int(raw)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{raw} is not a positive integer")
-    return value
-
-
-def _fraction(raw: str) -> float:
-    value = float(raw)
-    if not 0 < value <= 1:
-        raise argparse.ArgumentTypeError(f"{raw} is not in (0, 1]")
-    return value
 
 
 def run(args: argparse.Namespace) -> int:
@@ -73,7 +67,9 @@ def run(args: argparse.Namespace) -> int:
         gpu_memory_utilization=args.gpu_memory_utilization,
         mamba_cache_dtype=args.mamba_cache_dtype,
         device_memory_bytes=(
-            int(args.device_memory_gib * (1 << 30)) if args.device_memory_gib else None
+            None
+            if args.device_memory_gib is None
+            else int(args.device_memory_gib * (1 << 30))
         ),
         reserve_gib=args.reserve_gib,
         source_root=args.source,

@@ -12,11 +12,11 @@ directory. A plain ``org/name`` whose ``org`` is not a local directory is a Hub 
 from __future__ import annotations
 
 import difflib
-import json
 import os
 from dataclasses import dataclass
 from typing import Any
 
+from vllm_kunlun.doctor.config_file import ConfigFileError, read_json_object
 from vllm_kunlun.doctor.finding import Context, Finding
 
 MAX_SUGGESTIONS = 3
@@ -113,11 +113,27 @@ def missing_path_message(
 
 
 def read_config(path: str) -> dict[str, Any]:
-    with open(os.path.join(path, "config.json"), encoding="utf-8") as f:
-        config = json.load(f)
-    if not isinstance(config, dict):
-        raise ValueError("config.json is not a JSON object")
-    return config
+    """``path``/config.json, size-capped, regular files only, read once per run
+    (see ``config_file``); ConfigFileError names the file and why."""
+    return read_json_object(os.path.join(path, "config.json"))
+
+
+def architectures_of(config: dict[str, Any]) -> list[str]:
+    """The ``architectures`` list; ConfigFileError when it is not a list of names
+    (a plain string would otherwise read as a list of letters)."""
+    raw = config.get("architectures")
+    if raw is None:
+        return []
+    if isinstance(raw, str):
+        raise ConfigFileError(
+            f"config.json: 'architectures' is the string {raw!r}, not a list; "
+            f'vLLM expects ["{raw}"]'
+        )
+    if not isinstance(raw, list) or not all(isinstance(a, str) for a in raw):
+        raise ConfigFileError(
+            f"config.json: 'architectures' must be a list of class names, got {raw!r}"
+        )
+    return raw
 
 
 def vllm_architectures() -> set[str]:
@@ -151,15 +167,34 @@ def check_model_dir(path: str, details: dict[str, Any]) -> Finding:
         if below:
             fix += "; model directories inside it: " + ", ".join(sorted(below)[:5])
         return Finding("model_path", "fail", f"no config.json in {path}", fix, details)
-    except (OSError, ValueError) as exc:
+    except ConfigFileError as exc:
         return Finding(
             "model_path",
             "fail",
-            f"{path}/config.json is unreadable: {type(exc).__name__}: {exc}",
+            f"config.json is unreadable: {exc}",
             "restore config.json from the model's original files",
             details,
         )
-    archs = list(config.get("architectures") or [])
+    except OSError as exc:
+        return Finding(
+            "model_path",
+            "fail",
+            f"{path}/config.json is unreadable: {exc.strerror or exc}",
+            "restore config.json from the model's original files (and check its "
+            "permissions)",
+            details,
+        )
+    try:
+        archs = architectures_of(config)
+    except ConfigFileError as exc:
+        return Finding(
+            "model_path",
+            "fail",
+            f"{path}: {exc}",
+            "fix the 'architectures' field of config.json (a list of class names, "
+            'e.g. ["Qwen3ForCausalLM"])',
+            details,
+        )
     details.update(model_type=config.get("model_type"), architectures=archs)
     known = vllm_architectures()
     if not archs or not any(a in known for a in archs):

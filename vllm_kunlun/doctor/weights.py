@@ -72,14 +72,25 @@ class Linear:
 
 
 def _text(config: Mapping[str, Any]) -> Mapping[str, Any]:
-    return config.get("text_config") or config
+    text = config.get("text_config") or config
+    if not isinstance(text, Mapping):
+        raise TypeError("text_config is not an object")
+    return text
+
+
+def _int(text: Mapping[str, Any], key: str, default: Any = None) -> int:
+    """A range-checked dimension (ConfigRangeError names it): 1e30 layers would
+    otherwise build a 1e30-entry list."""
+    from vllm_kunlun.doctor.budget import config_int
+
+    return config_int(text, key, "", default)
 
 
 def _layer_types(text: Mapping[str, Any]) -> list[str]:
-    n = int(text["num_hidden_layers"])
+    n = _int(text, "num_hidden_layers")
     types = text.get("layer_types")
     if types is None:
-        interval = int(text.get("full_attention_interval", 4))
+        interval = _int(text, "full_attention_interval", 4)
         types = [
             "linear_attention" if (i + 1) % interval else "full_attention"
             for i in range(n)
@@ -91,12 +102,12 @@ def linear_layers(config: Mapping[str, Any]) -> list[Linear] | None:
     """The decoder's linear layers by kind; None for a family not modelled here."""
     text = _text(config)
     model_type = str(text.get("model_type") or config.get("model_type") or "")
-    h = int(text["hidden_size"])
-    heads = int(text["num_attention_heads"])
-    hd = int(text.get("head_dim") or h // heads)
-    kv = int(text.get("num_key_value_heads") or heads)
-    inter = int(text["intermediate_size"])
-    n = int(text["num_hidden_layers"])
+    h = _int(text, "hidden_size")
+    heads = _int(text, "num_attention_heads")
+    hd = _int(text, "head_dim") if text.get("head_dim") else h // heads
+    kv = _int(text, "num_key_value_heads") if text.get("num_key_value_heads") else heads
+    inter = _int(text, "intermediate_size")
+    n = _int(text, "num_hidden_layers")
     if model_type in _DENSE_TYPES:
         attn, gated = n, False
     elif model_type in _HYBRID_TYPES:
@@ -112,9 +123,9 @@ def linear_layers(config: Mapping[str, Any]) -> list[Linear] | None:
     ]
     gdn = n - attn
     if gdn:
-        key = int(text["linear_num_key_heads"]) * int(text["linear_key_head_dim"])
-        v_heads = int(text["linear_num_value_heads"])
-        value = v_heads * int(text["linear_value_head_dim"])
+        key = _int(text, "linear_num_key_heads") * _int(text, "linear_key_head_dim")
+        v_heads = _int(text, "linear_num_value_heads")
+        value = v_heads * _int(text, "linear_value_head_dim")
         layers += [
             Linear("linear_attn.in_proj_qkv", 2 * key + value, h, gdn),
             Linear("linear_attn.in_proj_z", value, h, gdn),
@@ -178,7 +189,7 @@ def estimate_weights(config: Mapping[str, Any]) -> WeightEstimate | None:
     try:
         layers = linear_layers(config)
         text = _text(config)
-        h, vocab = int(text["hidden_size"]), int(text["vocab_size"])
+        h, vocab = _int(text, "hidden_size"), _int(text, "vocab_size")
     except (KeyError, TypeError, ValueError):
         return None
     if layers is None:

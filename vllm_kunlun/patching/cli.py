@@ -1,9 +1,11 @@
 """``vllm-kunlun patch status|apply|revert|verify``: the file patch set from the shell.
 
-Exit codes: 0 done (or nothing to do); 1 drift found (status) or the set is not fully
-applied and verified (verify); 2 refused or failed with every file as before (wrong
-vLLM / torch pair, drift, unwritable file, lock busy, a write that was rolled back);
-3 a write failed and restoring failed too (the message names the files and the fix).
+Exit codes: 0 done (or nothing to do); 1 drift or leftover temp files found (status)
+or the set is not fully applied and verified (verify); 2 refused or failed with every
+file as before (wrong vLLM / torch pair, drift, unwritable or unreadable file, a
+malformed patch set, lock busy, a write that was rolled back); 3 a write failed and
+restoring failed too (the message names the files and the fix). Bad arguments exit 2
+(argparse).
 """
 
 from __future__ import annotations
@@ -12,6 +14,8 @@ import argparse
 import json
 import sys
 from typing import Any
+
+from vllm_kunlun.cli_args import non_negative_float
 
 EXIT_OK, EXIT_DRIFT, EXIT_REFUSED, EXIT_INCONSISTENT = 0, 1, 2, 3
 
@@ -36,7 +40,7 @@ def add_parser(sub: Any) -> None:
     )
     common.add_argument(
         "--lock-timeout",
-        type=float,
+        type=non_negative_float(),
         default=60.0,
         help="seconds to wait for another patch run on the same vLLM (default 60)",
     )
@@ -45,8 +49,14 @@ def add_parser(sub: Any) -> None:
     )
     actions = p.add_subparsers(dest="patch_action", required=True)
     for name, text in (
-        ("status", "per patch: applied, not applied or drifted (exit 1 on drift)"),
-        ("apply", "apply the whole set or nothing; a second apply is a no-op"),
+        (
+            "status",
+            "per patch: applied, not applied or drifted (exit 1 on drift or leftover temp files)",
+        ),
+        (
+            "apply",
+            "apply the whole set (rolled back on an error); a second apply is a no-op",
+        ),
         ("revert", "restore the exact pre-patch files"),
         ("verify", "exit 0 only if every patch is applied and revert would work"),
     ):
@@ -66,7 +76,7 @@ def run(args: argparse.Namespace) -> int:
 
             runtime = registry.describe()
             # the runtime patches go above the summary line, which stays last
-            body, _, summary = _render_status(report).rpartition("\n")
+            body, _, summary = _render_status(report, args).rpartition("\n")
             _emit(
                 args,
                 {
@@ -78,7 +88,7 @@ def run(args: argparse.Namespace) -> int:
             )
             if report.pair_problem is not None:
                 return EXIT_REFUSED
-            return EXIT_DRIFT if report.drifted else EXIT_OK
+            return EXIT_DRIFT if report.drifted or report.leftovers else EXIT_OK
         if args.patch_action == "verify":
             report, problems = engine.verify(**kwargs, lock_timeout=args.lock_timeout)
             payload = {
@@ -86,7 +96,7 @@ def run(args: argparse.Namespace) -> int:
                 "verified": not problems,
                 "problems": problems,
             }
-            text = _render_status(report)
+            text = _render_status(report, args)
             text += "\n" + (
                 "verified: every patch applied, revert reproduces the pristine files"
                 if not problems
@@ -98,6 +108,11 @@ def run(args: argparse.Namespace) -> int:
         outcome = change(**kwargs, dry_run=args.dry_run, lock_timeout=args.lock_timeout)
         lines = [outcome.message]
         lines += [
+            f"  {'would remove' if outcome.dry_run else 'removed'} leftover temp "
+            f"file {p}"
+            for p in outcome.removed
+        ]
+        lines += [
             f"  {'would change' if outcome.dry_run else 'changed'} {t}"
             for t in outcome.changed
         ]
@@ -106,11 +121,29 @@ def run(args: argparse.Namespace) -> int:
         _emit(args, outcome.to_json(), "\n".join(lines))
         return EXIT_OK
     except PatchError as exc:
-        if args.json:
-            print(json.dumps({"error": exc.to_json()}, indent=2))
-        else:
-            print(f"vllm-kunlun patch {args.patch_action}: {exc}", file=sys.stderr)
+        _emit_error(args, exc.to_json(), str(exc))
         return EXIT_INCONSISTENT if isinstance(exc, RollbackFailed) else EXIT_REFUSED
+    except OSError as exc:
+        # Whatever the checks did not foresee on a hostile tree: a refusal with the
+        # file named, never a traceback (which would exit 1, the drift code).
+        error = {
+            "type": type(exc).__name__,
+            "file": str(exc.filename or ""),
+            "reason": exc.strerror or str(exc),
+            "fix": "fix the file named above (or pass --root / --patches another "
+            "tree) and rerun",
+        }
+        _emit_error(
+            args, error, f"{error['file']}: {error['reason']}. Fix: {error['fix']}"
+        )
+        return EXIT_REFUSED
+
+
+def _emit_error(args: argparse.Namespace, error: dict[str, str], text: str) -> None:
+    if args.json:
+        print(json.dumps({"error": error}, indent=2))
+    else:
+        print(f"vllm-kunlun patch {args.patch_action}: {text}", file=sys.stderr)
 
 
 def _render_runtime_patches(patches: list[dict[str, Any]]) -> str:
@@ -127,7 +160,10 @@ def _emit(args: argparse.Namespace, payload: dict[str, Any], text: str) -> None:
     print(json.dumps(payload, indent=2) if args.json else text)
 
 
-def _render_status(report: Any) -> str:
+def _render_status(report: Any, args: argparse.Namespace) -> str:
+    from vllm_kunlun.patching.engine import patch_command
+
+    apply_cmd = patch_command("apply", args.root, args.patches)
     ps = report.patch_set
     lines = [
         f"patch set {ps.name} (vLLM {ps.vllm_version} + torch {ps.torch_version}) "
@@ -144,13 +180,23 @@ def _render_status(report: Any) -> str:
         lines.append(f"  {p.id:<{id_width}}  {p.target:<{target_width}}  {state}")
         if p.detail:
             lines.append(f"      {p.detail}")
+    if report.leftovers:
+        lines.append("  leftover temp files of an interrupted apply / revert:")
+        lines += [f"      {p}" for p in report.leftovers]
     summary = report.summary_line()
     if report.drifted:
-        summary += (
-            f". Fix: pip install --no-deps --force-reinstall vllm=={ps.vllm_version}, "
-            "then vllm-kunlun patch apply"
+        where = (
+            f" (with the pip of the environment that holds {args.root})"
+            if args.root is not None
+            else ""
         )
-    elif report.applied < report.total and report.pair_problem is None:
-        summary += ". Fix: vllm-kunlun patch apply"
+        summary += (
+            f". Fix: pip install --no-deps --force-reinstall vllm=={ps.vllm_version}"
+            f"{where}, then {apply_cmd}"
+        )
+    elif report.pair_problem is None and (
+        report.applied < report.total or report.leftovers
+    ):
+        summary += f". Fix: {apply_cmd}"
     lines.append(summary)
     return "\n".join(lines)

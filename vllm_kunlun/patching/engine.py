@@ -1,10 +1,13 @@
 """The patch engine: status, apply, revert and verify of a file patch set.
 
 Why: the patch_torch251 set changes files of the installed vLLM. That must be boring:
-every target file is identified by its sha256 before and after the whole set, apply is
-all-or-nothing (checks first, atomic writes, roll back on any failure), a second apply
-is a no-op, revert restores the exact pre-patch bytes by un-applying the diffs (no
-``.bak`` files next to the package), and concurrent runs are serialised by a lock.
+every target file is identified by its sha256 before and after the whole set, apply
+changes the whole set or, on an error, nothing (checks first, atomic writes, roll back
+on any failure), a second apply is a no-op, revert restores the exact pre-patch bytes by
+un-applying the diffs (no ``.bak`` files next to the package), and concurrent runs are
+serialised by a lock. A run killed outright (SIGKILL) cannot roll back: every file is
+still whole, but the set may be partly applied and temp files may remain; status and
+verify report them, and the next apply / revert removes them and completes the set.
 
 The installed vLLM is found through the import system (never site-packages guessing);
 tests pass an explicit ``root``. Nothing here imports vLLM or torch, so the engine can
@@ -18,7 +21,10 @@ from __future__ import annotations
 import importlib.metadata
 import importlib.util
 import logging
+import os
 import re
+import shlex
+import stat
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -53,11 +59,43 @@ PRISTINE = "pristine"
 PATCHED = "patched"
 FILE_DRIFTED = "drifted"
 MISSING = "missing"
+UNREADABLE = "unreadable"
+"""Not a readable regular file: a directory, a symlink loop, a device, no permission."""
 
-REINSTALL_FIX = (
-    "reinstall the pristine files with `pip install --no-deps --force-reinstall "
-    "vllm=={vllm}`, then run `vllm-kunlun patch apply`"
-)
+
+def patch_command(
+    action: str,
+    root: str | os.PathLike[str] | None = None,
+    patch_dir: str | os.PathLike[str] | None = None,
+) -> str:
+    """``vllm-kunlun patch <action>`` with the --root / --patches the user gave.
+
+    Why: a fix hint without them would patch the default vLLM instead of the tree the
+    user was looking at.
+    """
+    words = ["vllm-kunlun", "patch", action]
+    if root is not None:
+        words += ["--root", str(root)]
+    if patch_dir is not None:
+        words += ["--patches", str(patch_dir)]
+    return shlex.join(words)
+
+
+def reinstall_fix(
+    vllm: str,
+    root: str | os.PathLike[str] | None = None,
+    patch_dir: str | os.PathLike[str] | None = None,
+) -> str:
+    where = (
+        f" with the pip of the environment that holds {root}"
+        if root is not None
+        else ""
+    )
+    return (
+        f"reinstall the pristine files{where} (`pip install --no-deps "
+        f"--force-reinstall vllm=={vllm}`), then run "
+        f"`{patch_command('apply', root, patch_dir)}`"
+    )
 
 
 @dataclass(frozen=True)
@@ -68,6 +106,8 @@ class FileStatus:
     sha256: str | None
     before: str
     after: str
+    problem: str = ""
+    """Why an UNREADABLE file could not be read."""
 
 
 @dataclass(frozen=True)
@@ -89,6 +129,9 @@ class Report:
     pair_problem: PairMismatch | None
     files: list[FileStatus]
     patches: list[PatchStatus]
+    leftovers: list[Path] = field(default_factory=list)
+    """Temp files of an interrupted apply / revert (the next apply / revert removes
+    them)."""
 
     @property
     def applied(self) -> int:
@@ -100,13 +143,15 @@ class Report:
 
     @property
     def drifted(self) -> list[FileStatus]:
-        return [f for f in self.files if f.state in (FILE_DRIFTED, MISSING)]
+        return [f for f in self.files if f.state in (FILE_DRIFTED, MISSING, UNREADABLE)]
 
     def summary_line(self) -> str:
         line = f"{self.patch_set.name}: {self.applied}/{self.total} applied"
         drifted = sum(p.state == DRIFTED for p in self.patches)
         if drifted:
             line += f", {drifted} drifted"
+        if self.leftovers:
+            line += f", {len(self.leftovers)} leftover temp file(s)"
         return line
 
     def to_json(self) -> dict[str, Any]:
@@ -133,9 +178,11 @@ class Report:
                     "sha256": f.sha256,
                     "before": f.before,
                     "after": f.after,
+                    "problem": f.problem,
                 }
                 for f in self.files
             ],
+            "leftovers": [str(p) for p in self.leftovers],
         }
 
 
@@ -149,6 +196,9 @@ class Outcome:
     message: str
     report: Report
     skipped: list[str] = field(default_factory=list)
+    removed: list[str] = field(default_factory=list)
+    """Leftover temp files of an interrupted run that were (or, in a dry run, would
+    be) removed first."""
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -156,6 +206,7 @@ class Outcome:
             "dry_run": self.dry_run,
             "changed": self.changed,
             "skipped": self.skipped,
+            "removed": self.removed,
             "message": self.message,
             "status": self.report.to_json(),
         }
@@ -171,7 +222,14 @@ def locate_vllm(root: str | Path | None = None) -> Path:
     it, the import system decides (the vLLM that ``import vllm`` would load).
     """
     if root is not None:
-        root = Path(root).resolve()
+        try:
+            root = Path(root).resolve()
+        except (OSError, RuntimeError) as exc:  # RuntimeError: a symlink loop
+            raise PatchRefused(
+                root,
+                f"cannot resolve the path ({exc})",
+                "pass --root an existing directory that contains the vllm package",
+            ) from exc
         if (root / "vllm" / "__init__.py").is_file():
             return root
         if root.name == "vllm" and (root / "__init__.py").is_file():
@@ -259,12 +317,26 @@ def _file_status(
 ) -> tuple[FileStatus, bytes | None]:
     digest = ps.files[target]
     path = root / target
+
+    def unreadable(why: str) -> tuple[FileStatus, None]:
+        return FileStatus(
+            target, path, UNREADABLE, None, digest.before, digest.after, why
+        ), None
+
     try:
+        # stat first: reading a FIFO or a device would hang or never end.
+        st = os.stat(path)
+        if stat.S_ISDIR(st.st_mode):
+            return unreadable("is a directory, not a file")
+        if not stat.S_ISREG(st.st_mode):
+            return unreadable("is not a regular file")
         data = path.read_bytes()
     except FileNotFoundError:
         return FileStatus(
             target, path, MISSING, None, digest.before, digest.after
         ), None
+    except OSError as exc:  # a symlink loop, no permission, an I/O error
+        return unreadable(f"cannot be read ({exc.strerror or exc})")
     sha = sha256_bytes(data)
     if sha == digest.before:
         state = PRISTINE
@@ -278,6 +350,8 @@ def _file_status(
 def _drift_detail(f: FileStatus, patch: Patch, data: bytes | None) -> str:
     if f.state == MISSING:
         return f"{f.target} is missing"
+    if f.state == UNREADABLE:
+        return f"{f.target} {f.problem}"
     text = (data or b"").decode("utf-8", errors="replace")
     if hunks_present(text, patch, patched=True):
         look = "its changes look applied"
@@ -325,6 +399,7 @@ def inspect_tree(
         _pair_problem(ps, tree, vllm_version, torch_version),
         files,
         patches,
+        fsops.find_leftovers(tree, ps.targets),
     )
 
 
@@ -359,26 +434,41 @@ def status_summary(
 # --- apply / revert ----------------------------------------------------------------
 
 
-def _refuse_drift(report: Report, action: str) -> None:
+def _refuse_drift(
+    report: Report,
+    action: str,
+    root: str | os.PathLike[str] | None,
+    patch_dir: str | os.PathLike[str] | None,
+) -> None:
     drifted = report.drifted
     if not drifted:
         return
     f = drifted[0]
     others = f" (and {len(drifted) - 1} more)" if len(drifted) > 1 else ""
-    reason = f"{action} refused, nothing was changed: the file{others} " + (
-        "is missing"
-        if f.state == MISSING
-        else f"matches neither the pre-patch sha256 {f.before[:12]} nor the "
-        f"patched {f.after[:12]} (found {str(f.sha256)[:12]}): it was changed by "
-        "hand or by another tool"
-    )
+    if f.state == MISSING:
+        what = "is missing"
+    elif f.state == UNREADABLE:
+        what = f.problem
+    else:
+        what = (
+            f"matches neither the pre-patch sha256 {f.before[:12]} nor the "
+            f"patched {f.after[:12]} (found {str(f.sha256)[:12]}): it was changed by "
+            "hand or by another tool"
+        )
+    reason = f"{action} refused, nothing was changed: the file{others} {what}"
     vllm = report.patch_set.vllm_version
-    fix = (
-        REINSTALL_FIX.format(vllm=vllm)
-        if action == "apply"
-        else f"reinstall the pristine files with `pip install --no-deps "
-        f"--force-reinstall vllm=={vllm}` (that is the revert)"
-    )
+    if action == "apply":
+        fix = reinstall_fix(vllm, root, patch_dir)
+    else:
+        where = (
+            f" with the pip of the environment that holds {root}"
+            if root is not None
+            else ""
+        )
+        fix = (
+            f"reinstall the pristine files{where} (`pip install --no-deps "
+            f"--force-reinstall vllm=={vllm}`; that is the revert)"
+        )
     raise PatchRefused(f.path, reason, fix)
 
 
@@ -438,7 +528,7 @@ def _check_writable(plan: list[_Write], action: str) -> None:
         )
 
 
-def _write_all(plan: list[_Write], action: str, vllm_version: str) -> None:
+def _write_all(plan: list[_Write], action: str, reinstall: str) -> None:
     """Write every file or none: on any failure restore those already written."""
     current: _Write | None = None
     try:
@@ -456,7 +546,7 @@ def _write_all(plan: list[_Write], action: str, vllm_version: str) -> None:
                 ", ".join(str(w.path) for w in failed),
                 f"{action} failed on {current.path if current else '?'} ({exc!r}) and "
                 "restoring these files failed too: the vLLM tree is inconsistent",
-                REINSTALL_FIX.format(vllm=vllm_version),
+                reinstall,
             ) from exc
         if not isinstance(exc, Exception):
             raise  # KeyboardInterrupt and friends: files are restored, re-raise
@@ -500,6 +590,20 @@ def _change(
     tree = locate_vllm(root)
     with fsops.tree_lock(tree / "vllm", exclusive=True, timeout=lock_timeout):
         report = inspect_tree(tree, torch_version=torch_version, patch_set=ps)
+        # Temp files of a run that was killed before its rename (the lock is ours,
+        # so no other run is writing them): remove them first.
+        removed = [str(p) for p in report.leftovers]
+        if removed and not dry_run:
+            stuck = fsops.remove_leftovers(report.leftovers)
+            if stuck:
+                raise PatchRefused(
+                    stuck[0],
+                    f"{action} refused, nothing was changed: cannot remove this "
+                    "leftover temp file of an interrupted run"
+                    + (f" ({len(stuck) - 1} more likewise)" if len(stuck) > 1 else ""),
+                    "remove it by hand (it is not part of vLLM) and rerun",
+                )
+            report = inspect_tree(tree, torch_version=torch_version, patch_set=ps)
         problem = report.pair_problem
         # Reverting only needs the right vLLM: it restores vLLM's own files, which is
         # the way back after a torch upgrade.
@@ -507,7 +611,7 @@ def _change(
             forward or _release(report.vllm_version) != ps.vllm_version
         ):
             raise problem
-        _refuse_drift(report, action)
+        _refuse_drift(report, action, root, patch_dir)
         plan = _plan(ps, report.files, forward)
         done_state = PATCHED if forward else PRISTINE
         skipped = [f.target for f in report.files if f.state == done_state]
@@ -520,6 +624,7 @@ def _change(
                 f"{ps.name}: already {word}, nothing to do",
                 report,
                 skipped,
+                removed,
             )
         _check_writable(plan, action)
         targets = [w.target for w in plan]
@@ -532,8 +637,9 @@ def _change(
                 "was written",
                 report,
                 skipped,
+                removed,
             )
-        _write_all(plan, action, ps.vllm_version)
+        _write_all(plan, action, reinstall_fix(ps.vllm_version, root, patch_dir))
         after = inspect_tree(tree, torch_version=torch_version, patch_set=ps)
         logger.info(
             "vllm-kunlun patch: %s %s: %d file(s) written in %s",
@@ -549,6 +655,7 @@ def _change(
             f"{ps.name}: {'applied' if forward else 'reverted'} {len(plan)} file(s)",
             after,
             skipped,
+            removed,
         )
 
 
@@ -603,6 +710,12 @@ def verify(
     for p in report.patches:
         if p.state != APPLIED:
             problems.append(f"{p.id} ({p.target}): {p.state}. {p.detail}".strip())
+    if report.leftovers:
+        problems.append(
+            f"{len(report.leftovers)} leftover temp file(s) of an interrupted run: "
+            f"{', '.join(map(str, report.leftovers))} "
+            f"(`{patch_command('apply', root, patch_dir)}` removes them)"
+        )
     return report, problems
 
 
@@ -638,9 +751,10 @@ def warn_if_not_applied(
         )
     log(
         "vllm-kunlun: %s to vLLM at %s on torch %s%s. vLLM 0.15.1 needs it on torch "
-        "2.5.1 (torch.compile, structured output). Fix: vllm-kunlun patch apply",
+        "2.5.1 (torch.compile, structured output). Fix: %s",
         report.summary_line(),
         report.root / "vllm",
         report.torch_version,
         drift,
+        patch_command("apply", root),
     )

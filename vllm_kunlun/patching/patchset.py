@@ -225,6 +225,64 @@ def parse_patch(text: str, source: Path) -> Patch:
     )
 
 
+def _check_manifest(
+    raw: object, source: Path
+) -> tuple[str, str, str, list[str], dict[str, FileDigest]]:
+    """The manifest's fields, each checked for its type; the error names the field."""
+    if not isinstance(raw, dict):
+        raise _bad(
+            source, f"the manifest is a JSON {type(raw).__name__}, not an object"
+        )
+    missing = [k for k in ("name", "vllm", "torch", "patches", "files") if k not in raw]
+    if missing:
+        raise _bad(source, f"the manifest lacks {', '.join(missing)}")
+    for key in ("name", "vllm", "torch"):
+        if not isinstance(raw[key], str) or not raw[key]:
+            raise _bad(source, f"'{key}' must be a non-empty string, got {raw[key]!r}")
+    names = raw["patches"]
+    if not isinstance(names, list):
+        raise _bad(
+            source,
+            f"'patches' must be a list of patch file names, got a "
+            f"{type(names).__name__}: {names!r}",
+        )
+    if not names:
+        raise _bad(source, "'patches' is empty: a patch set has at least one patch")
+    for entry in names:
+        if not isinstance(entry, str) or not entry:
+            raise _bad(
+                source,
+                f"'patches' entries must be file names, got a "
+                f"{type(entry).__name__}: {entry!r}",
+            )
+        if "/" in entry or "\\" in entry or entry in (".", ".."):
+            raise _bad(
+                source,
+                f"'patches' entry {entry!r} is not a plain file name in the set "
+                "directory",
+            )
+    digests = raw["files"]
+    if not isinstance(digests, dict):
+        raise _bad(
+            source,
+            f"'files' must map each target to {{before, after}}, got a "
+            f"{type(digests).__name__}",
+        )
+    files: dict[str, FileDigest] = {}
+    for target, digest in digests.items():
+        if not (
+            isinstance(digest, dict)
+            and all(isinstance(digest.get(k), str) for k in ("before", "after"))
+        ):
+            raise _bad(
+                source,
+                f'\'files\' entry {target!r} must be {{"before": sha256, "after": '
+                f"sha256}}, got {digest!r}",
+            )
+        files[target] = FileDigest(digest["before"], digest["after"])
+    return raw["name"], raw["vllm"], raw["torch"], list(names), files
+
+
 def load_patch_set(directory: Path | None = None) -> PatchSet:
     """Read and validate a set; raises PatchSetError naming the file and the problem."""
     directory = Path(directory) if directory is not None else default_set_dir()
@@ -238,23 +296,36 @@ def load_patch_set(directory: Path | None = None) -> PatchSet:
         )
     try:
         raw = json.loads(manifest_path.read_text(encoding="utf-8"))
-        names = list(raw["patches"])
-        files = {
-            str(t): FileDigest(str(d["before"]), str(d["after"]))
-            for t, d in raw["files"].items()
-        }
-        name, vllm_version, torch_version = raw["name"], raw["vllm"], raw["torch"]
-    except (ValueError, KeyError, TypeError) as exc:
-        raise _bad(manifest_path, f"malformed manifest ({exc!r})") from exc
+    except (OSError, ValueError) as exc:
+        raise _bad(manifest_path, f"malformed manifest ({exc})") from exc
+    name, vllm_version, torch_version, names, files = _check_manifest(
+        raw, manifest_path
+    )
     patches = []
     for file_name in names:
         path = directory / file_name
         if not path.is_file():
             raise _bad(manifest_path, f"lists {file_name}, which is missing")
-        patches.append(parse_patch(path.read_text(encoding="utf-8"), path))
+        try:
+            text = path.read_text(encoding="utf-8")
+        except UnicodeDecodeError as exc:
+            raise _bad(
+                path, f"not UTF-8 text (byte {exc.start}: {exc.reason})"
+            ) from exc
+        except OSError as exc:
+            raise _bad(path, f"cannot read it ({exc.strerror or exc})") from exc
+        patches.append(parse_patch(text, path))
     ids = [p.id for p in patches]
     if len(set(ids)) != len(ids):
         raise _bad(manifest_path, f"duplicate patch ids in {ids}")
+    for patch in patches:
+        parts = Path(patch.target).parts
+        if patch.target.startswith("/") or ".." in parts or parts[:1] != ("vllm",):
+            raise _bad(
+                patch.source,
+                f"Target {patch.target!r} is not a path inside the vllm package "
+                "(vllm/...)",
+            )
     targets = {p.target for p in patches}
     if targets != set(files):
         raise _bad(

@@ -1,0 +1,93 @@
+"""Check ``plugins``: ``VLLM_PLUGINS`` lets vLLM load both of vllm-kunlun's entry points.
+
+Why: when ``VLLM_PLUGINS`` is set, vLLM loads only the plugins it names (the value split
+on commas, names compared exactly, no trimming), in every group. Leaving out the
+platform plugin (``vllm.platform_plugins``) means vLLM never picks the Kunlun platform
+(or host emulation). Leaving out the general plugin (``vllm.general_plugins``) means
+the runtime fixes do not load in every process: on Kunlun, workers keep vLLM's own
+sampler, whose ``exponential_`` runs on the CPU (the deployment's decode stall), with
+only a warning in the log. The entry point names are read from the installed metadata,
+so the check follows setup.py.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from importlib.metadata import entry_points
+
+from vllm_kunlun.doctor.finding import Context, Finding
+
+PLATFORM_GROUP = "vllm.platform_plugins"
+GENERAL_GROUP = "vllm.general_plugins"
+
+_CONSEQUENCE = {
+    PLATFORM_GROUP: "vLLM never picks the Kunlun platform (nor host emulation)",
+    GENERAL_GROUP: "the runtime fixes do not load in every process (on Kunlun, "
+    "workers keep vLLM's own sampler, whose exponential_ runs on the CPU)",
+}
+
+
+def our_entry_points() -> dict[str, str]:
+    """Entry point name -> group, for vllm-kunlun's vLLM plugins as installed."""
+    found: dict[str, str] = {}
+    for group in (PLATFORM_GROUP, GENERAL_GROUP):
+        for ep in entry_points(group=group):
+            if ep.value.split(":")[0].split(".")[0] == "vllm_kunlun":
+                found[ep.name] = group
+    return found
+
+
+def check_plugins(
+    ctx: Context,
+    environ: Mapping[str, str] | None = None,
+    ours: Mapping[str, str] | None = None,
+) -> Finding:
+    env = os.environ if environ is None else environ
+    ours = our_entry_points() if ours is None else ours
+    raw = env.get("VLLM_PLUGINS")
+    details = {"VLLM_PLUGINS": raw, "entry_points": dict(ours)}
+    if not ours:
+        return Finding(
+            "plugins",
+            "fail",
+            "vllm-kunlun's vLLM entry points are not installed (no "
+            f"{PLATFORM_GROUP} / {GENERAL_GROUP} entry of vllm_kunlun): vLLM cannot "
+            "load the plugin",
+            "install the package (pip install --no-build-isolation -e . in the "
+            "checkout), not just put it on PYTHONPATH",
+            details,
+        )
+    names = ", ".join(sorted(ours))
+    if raw is None:
+        return Finding(
+            "plugins",
+            "ok",
+            f"VLLM_PLUGINS unset: vLLM loads every plugin, ours included ({names})",
+            details=details,
+        )
+    allowed = raw.split(",")
+    missing = {name: group for name, group in ours.items() if name not in allowed}
+    if not missing:
+        return Finding(
+            "plugins", "ok", f"VLLM_PLUGINS={raw} includes {names}", details=details
+        )
+    padded = sorted(a for a in allowed if a != a.strip() and a.strip() in missing)
+    keep = [a.strip() for a in allowed if a.strip()]
+    fixed = ",".join(dict.fromkeys([*keep, *sorted(missing)]))
+    cause = f"VLLM_PLUGINS={raw!r} leaves out " + "; ".join(
+        f"{name} ({group}): {_CONSEQUENCE[group]}"
+        for name, group in sorted(missing.items())
+    )
+    if padded:
+        cause += (
+            f" (vLLM does not trim spaces: {', '.join(repr(a) for a in padded)} "
+            "matches no plugin)"
+        )
+    return Finding(
+        "plugins",
+        "fail",
+        cause,
+        f"export VLLM_PLUGINS={fixed} (or unset VLLM_PLUGINS to load every plugin)",
+        {**details, "missing": sorted(missing)},
+    )
