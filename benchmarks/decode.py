@@ -95,7 +95,7 @@ def engines(args: argparse.Namespace) -> list[Engine]:
 def prompts(count: int, length: int) -> list[str]:
     """``count`` different prompts of ``length`` words from the tiny vocabulary."""
     sys.path.insert(0, str(REPO))
-    from vllm_kunlun.tiny_model import vocabulary
+    from vllm_kunlun.demo.tiny_model import vocabulary
 
     words = [w for w in vocabulary() if w.isalpha()]
     n = len(words)
@@ -153,7 +153,7 @@ def serve_child(spec: dict[str, Any]) -> None:
     """
     from vllm import LLM, SamplingParams
 
-    from vllm_kunlun.serving_info import SERVING_INFO_METHOD, WORKER_EXTENSION
+    from vllm_kunlun.demo.serving_info import SERVING_INFO_METHOD, WORKER_EXTENSION
 
     start = time.perf_counter()
     llm = LLM(model=spec["model"], worker_extension_cls=WORKER_EXTENSION, **spec["llm"])
@@ -191,7 +191,7 @@ def model_dir(args: argparse.Namespace) -> str:
     if args.model:
         return args.model
     sys.path.insert(0, str(REPO))
-    from vllm_kunlun.tiny_model import (
+    from vllm_kunlun.demo.tiny_model import (
         TinyQwen3Spec,
         default_cache_dir,
         ensure_tiny_model,

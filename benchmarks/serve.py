@@ -7,7 +7,7 @@ learned is kept: the random dataset always gets explicit input / output lengths 
 defaults, 1024 / 128, silently win otherwise) and ``--ignore-eos`` keeps every answer at
 the asked length.
 
-How: start the server (``vllm_kunlun.server_process``: free loopback port, ``/health``),
+How: start the server (``vllm_kunlun.demo.server_process``: free loopback port, ``/health``),
 run ``vllm bench serve`` once per concurrency (``--num-prompts`` = 4 x concurrency, at
 least 8; request rate unlimited, the concurrency caps it), print one table row per level
 with the output-throughput ratio to concurrency 1 in the same run, then stop the server
@@ -170,7 +170,7 @@ def table(rows: list[dict[str, Any]]) -> str:
 
 def resolve_model(profile: Profile, model: str | None) -> str:
     if profile.tiny_model:
-        from vllm_kunlun.tiny_model import default_cache_dir, ensure_tiny_model
+        from vllm_kunlun.demo.tiny_model import default_cache_dir, ensure_tiny_model
 
         return str(ensure_tiny_model(model or default_cache_dir()))
     if not model:
@@ -185,7 +185,7 @@ def run(
     tp: int,
     out_dir: Path,
 ) -> dict[str, Any]:
-    from vllm_kunlun.server_process import start_server
+    from vllm_kunlun.demo.server_process import start_server
 
     model = resolve_model(profile, model)
     stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")

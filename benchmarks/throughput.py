@@ -166,7 +166,7 @@ MARKDOWN_HEADER = (
 def run(profile: Profile, model: str | None, out_dir: Path) -> dict[str, Any]:
     if profile.tiny_model:
         sys.path.insert(0, str(REPO))
-        from vllm_kunlun.tiny_model import default_cache_dir, ensure_tiny_model
+        from vllm_kunlun.demo.tiny_model import default_cache_dir, ensure_tiny_model
 
         model = str(ensure_tiny_model(model or default_cache_dir()))
     if not model:

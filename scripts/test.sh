@@ -2,6 +2,8 @@
 # Set up (or refresh) .venv with the validated stack and test tools, then run the gates
 # CI runs: ruff lint, ruff format check, mypy, and the whole pytest suite.
 # Extra arguments go to pytest, e.g. scripts/test.sh tests/unit -k sampler
+# Without arguments the suite runs in two pytest-xdist workers, one test file per worker
+# at a time (module-scoped engines stay shared): engine starts are mostly one busy core.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -12,4 +14,7 @@ echo "==> ruff"
 echo "==> mypy"
 .venv/bin/mypy
 echo "==> pytest"
+if [ "$#" -eq 0 ]; then
+  set -- -n 2 --dist loadfile
+fi
 .venv/bin/python -m pytest "$@"

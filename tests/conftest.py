@@ -42,7 +42,7 @@ def run_python(
     code: str,
     env: dict[str, str] | None = None,
     fakes: bool = True,
-    timeout: float = 300,
+    timeout: float = 600,
     cwd: str | Path | None = None,
 ) -> subprocess.CompletedProcess[str]:
     """Run ``code`` in a fresh interpreter of this venv (real vLLM, real plugin)."""

@@ -32,9 +32,9 @@ def register() -> str | None:
 
     logger = init_logger(__name__)
     try:
-        from vllm_kunlun.patching.runtime import apply_schema_fix
         from vllm_kunlun.patching.schema import needed as schema_fix_needed
         from vllm_kunlun.platforms import select_platform
+        from vllm_kunlun.platforms.runtime_fixes import apply_schema_fix
 
         # Device or not: on torch < 2.6 no vLLM command imports vllm.config without it.
         apply_schema_fix()
@@ -61,7 +61,11 @@ def register_runtime_fixes() -> None:
 
     if current_platform.is_unspecified():
         from vllm_kunlun import envs
-        from vllm_kunlun.device import NoDeviceError, no_device_message, probe_devices
+        from vllm_kunlun.platforms.device import (
+            NoDeviceError,
+            no_device_message,
+            probe_devices,
+        )
 
         envs.validate_all()  # a malformed VLLM_KUNLUN_* may be why register() failed
         raise NoDeviceError(no_device_message(probe_devices()))
@@ -70,14 +74,14 @@ def register_runtime_fixes() -> None:
 
     logger = init_logger(__name__)
     try:
-        from vllm_kunlun.platform import KunlunPlatformBase
+        from vllm_kunlun.platforms.kunlun import KunlunPlatformBase
 
         if not isinstance(current_platform, KunlunPlatformBase):
             return
-        from vllm_kunlun import input_guard
-        from vllm_kunlun.guards import install as install_guards
+        from vllm_kunlun.guards import token_ids
+        from vllm_kunlun.guards.model_path import install as install_guards
         from vllm_kunlun.models import register_models
-        from vllm_kunlun.patching.runtime import apply_runtime_fixes
+        from vllm_kunlun.platforms.runtime_fixes import apply_runtime_fixes
 
         apply_runtime_fixes()
         register_models()
@@ -85,7 +89,7 @@ def register_runtime_fixes() -> None:
         # resolves the model path, and only from inside functions: arg_utils is fully
         # imported here, which the platform's __init__ cannot rely on.
         install_guards()
-        input_guard.install()
+        token_ids.install()
     except Exception:
         logger.exception("vllm-kunlun: applying runtime fixes failed")
         raise

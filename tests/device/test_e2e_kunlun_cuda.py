@@ -24,7 +24,7 @@ from tests.integration.test_e2e_emulation import (
     LLM_ARGS,
     run_spec,
 )
-from vllm_kunlun.tiny_model import write_tiny_model
+from vllm_kunlun.demo.tiny_model import write_tiny_model
 
 pytestmark = [
     pytest.mark.device,
@@ -65,7 +65,7 @@ def test_greedy_matches_transformers_on_cuda(
         spec, tmp_path, f"cuda-{backend or 'default'}", env=KUNLUN_ON_CUDA
     )
     (info,) = result["serving"]
-    assert info["platform"] == "vllm_kunlun.platform.KunlunPlatform"
+    assert info["platform"] == "vllm_kunlun.platforms.kunlun.KunlunPlatform"
     expected = backend or "KunlunAttentionBackend"  # the default with kunlun_ops
     assert any(expected in b for b in info["attention_backends"]), info
     for job in ("warm_prefix", "greedy"):

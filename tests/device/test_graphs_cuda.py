@@ -30,7 +30,7 @@ from tests.integration.test_e2e_emulation import (
     req,
     run_spec,
 )
-from vllm_kunlun.tiny_model import write_tiny_model
+from vllm_kunlun.demo.tiny_model import write_tiny_model
 
 WIDE = {
     "name": "wide",
@@ -83,7 +83,7 @@ def test_captured_decode_equals_eager(backend: str, tmp_path: Path) -> None:
     )  # fmt: skip
 
     (info,) = graphs["serving"]
-    assert info["platform"] == "vllm_kunlun.platform.KunlunPlatform"
+    assert info["platform"] == "vllm_kunlun.platforms.kunlun.KunlunPlatform"
     assert (info["compilation_mode"], info["cudagraph_mode"]) == (
         "VLLM_COMPILE",
         "PIECEWISE",

@@ -22,8 +22,8 @@ import torch
 from tests.device import test_e2e_kunlun_cuda
 from tests.integration.test_e2e_emulation import run_spec
 from tests.integration.test_e2e_hybrid import GREEDY_JOBS, LLM_ARGS
-from vllm_kunlun.tiny_model import write_tiny_model
-from vllm_kunlun.tiny_qwen3_5 import TinyQwen3_5Spec
+from vllm_kunlun.demo.tiny_model import write_tiny_model
+from vllm_kunlun.demo.tiny_qwen3_5 import TinyQwen3_5Spec
 
 # The e2e device test's conditions: a CUDA device, vLLM 0.15.1 on torch 2.5.1.
 pytestmark = test_e2e_kunlun_cuda.pytestmark
@@ -148,7 +148,7 @@ def test_hybrid_greedy_matches_transformers_on_cuda(
     }
     result = run_spec(spec, tmp_path, f"hybrid-cuda-{kernels}", env=env)
     (info,) = result["serving"]
-    assert info["platform"] == "vllm_kunlun.platform.KunlunPlatform"
+    assert info["platform"] == "vllm_kunlun.platforms.kunlun.KunlunPlatform"
     for job in GREEDY_JOBS:
         name = job["name"]
         for got, want in zip(result["jobs"][name], result["hf"][name], strict=True):

@@ -36,7 +36,7 @@ import sys
 import traceback
 from typing import Any
 
-from vllm_kunlun.serving_info import ServingInfo
+from vllm_kunlun.demo.serving_info import ServingInfo
 
 PROBE_EXTENSION = "e2e_runner.RankProbe"
 
@@ -111,7 +111,7 @@ def run_vllm(spec: dict[str, Any]) -> dict[str, Any]:
     try:
         from vllm import LLM, SamplingParams
 
-        from vllm_kunlun.serving_info import SERVING_INFO_METHOD, WORKER_EXTENSION
+        from vllm_kunlun.demo.serving_info import SERVING_INFO_METHOD, WORKER_EXTENSION
 
         probe = spec.get("rank_probe")
         extension = WORKER_EXTENSION if probe is None else PROBE_EXTENSION

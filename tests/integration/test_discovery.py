@@ -30,7 +30,7 @@ def _resolve(env: dict[str, str], fakes: bool = True) -> tuple[dict, str]:
 
 def test_eight_fake_devices_activate_kunlun_platform() -> None:
     result, log = _resolve({"FAKE_XMLIR_DEVICES": "8"})
-    assert result["cls"] == "vllm_kunlun.platform.KunlunPlatform"
+    assert result["cls"] == "vllm_kunlun.platforms.kunlun.KunlunPlatform"
     assert result["device_count"] == 8
     assert "Platform plugin kunlun is activated" in log
     assert "KunlunPlatform active" in log  # our own INFO line reaches vLLM's handler
@@ -61,7 +61,7 @@ def test_plugin_filtered_out_by_vllm_plugins() -> None:
 
 def test_force_variable_activates_without_devices() -> None:
     result, _ = _resolve({"FAKE_XMLIR_DEVICES": "0", "VLLM_KUNLUN_FORCE_PLATFORM": "1"})
-    assert result["cls"] == "vllm_kunlun.platform.KunlunPlatform"
+    assert result["cls"] == "vllm_kunlun.platforms.kunlun.KunlunPlatform"
     assert result["device_count"] == 0
 
 

@@ -17,8 +17,8 @@ from typing import Any
 import pytest
 
 from tests.conftest import REPO, child_env, run_python
-from vllm_kunlun.demo import DEFAULT_PROMPTS
-from vllm_kunlun.tiny_model import vocabulary, write_tiny_model
+from vllm_kunlun.demo.run import DEFAULT_PROMPTS
+from vllm_kunlun.demo.tiny_model import vocabulary, write_tiny_model
 
 pytestmark = pytest.mark.slow
 
@@ -160,7 +160,7 @@ def run_demo_cli(
         env=child_env({"XDG_CACHE_HOME": str(work / "xdg"), **env}, fakes=fakes),
         capture_output=True,
         text=True,
-        timeout=300,
+        timeout=600,
         cwd=REPO,
     )
     assert proc.returncode == 0, proc.stderr[-4000:] + proc.stdout[-3000:]
@@ -241,7 +241,10 @@ def test_chunked_prefill_and_prefix_cache_were_exercised(run1: dict) -> None:
 
 def test_serving_path_is_the_plugins(run1: dict) -> None:
     (info,) = run1["serving"]
-    assert info["platform"] == "vllm_kunlun.emulation.KunlunHostEmulationPlatform"
+    assert (
+        info["platform"]
+        == "vllm_kunlun.platforms.emulation.KunlunHostEmulationPlatform"
+    )
     assert info["attention_impls"] == [
         "vllm_kunlun.attention.backend.PortableAttentionImpl"
     ]
@@ -325,7 +328,7 @@ def test_engine_start_guard_names_the_missing_model_path(tmp_path: Path) -> None
         """,
         env=EMULATION,
         cwd=tmp_path,
-        timeout=300,
+        timeout=600,
     )
     assert proc.returncode != 0
     assert "ModelPathError" in proc.stderr, proc.stderr[-3000:]
@@ -369,7 +372,10 @@ def test_tp2_runs_two_worker_processes_on_the_plugins_communicator(
     assert all(s["platform"].endswith("KunlunHostEmulationPlatform") for s in serving)
     assert [r["rank"] for r in run_tp2["ranks"]] == [0, 1]
     for rank in run_tp2["ranks"]:
-        assert rank["communicator"] == "vllm_kunlun.communicator.KunlunCommunicator"
+        assert (
+            rank["communicator"]
+            == "vllm_kunlun.platforms.communicator.KunlunCommunicator"
+        )
 
 
 def test_tp2_greedy_matches_tp1_and_transformers(

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import run_python
-from vllm_kunlun.tiny_model import write_tiny_model
+from vllm_kunlun.demo.tiny_model import write_tiny_model
 
 pytestmark = pytest.mark.slow
 
@@ -56,7 +56,7 @@ def test_emulation_config_handles_every_measured_fact(tmp_path: Path) -> None:
     assert found == {
         "platform": "KunlunHostEmulationPlatform",
         "device": "cpu",
-        "worker_cls": "vllm_kunlun.emulation_worker.EmulationWorker",
+        "worker_cls": "vllm_kunlun.platforms.emulation_worker.EmulationWorker",
         "custom_ops": ["none"],  # every CustomOp on its torch-native path
         "compile_mode": 0,  # CompilationMode.NONE
         "cudagraph_mode": "NONE",

@@ -35,9 +35,9 @@ from tests.integration.test_e2e_emulation import (
     req,
     run_spec,
 )
-from vllm_kunlun.demo import DEFAULT_PROMPTS
-from vllm_kunlun.tiny_model import vocabulary, write_tiny_model
-from vllm_kunlun.tiny_qwen3_5 import TinyQwen3_5Spec
+from vllm_kunlun.demo.run import DEFAULT_PROMPTS
+from vllm_kunlun.demo.tiny_model import vocabulary, write_tiny_model
+from vllm_kunlun.demo.tiny_qwen3_5 import TinyQwen3_5Spec
 
 pytestmark = pytest.mark.slow
 
@@ -223,7 +223,10 @@ def test_image_inputs_are_refused_and_the_engine_keeps_serving(composite: dict) 
 
 def test_serving_path_is_the_plugins(composite: dict) -> None:
     (info,) = composite["serving"]
-    assert info["platform"] == "vllm_kunlun.emulation.KunlunHostEmulationPlatform"
+    assert (
+        info["platform"]
+        == "vllm_kunlun.platforms.emulation.KunlunHostEmulationPlatform"
+    )
     assert info["attention_impls"] == [
         "vllm_kunlun.attention.backend.PortableAttentionImpl"
     ]

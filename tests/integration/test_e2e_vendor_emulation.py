@@ -31,8 +31,8 @@ from tests.integration.test_e2e_emulation import (
     run_demo_cli,
     run_spec,
 )
-from vllm_kunlun.demo import DEFAULT_PROMPTS
-from vllm_kunlun.tiny_model import TinyQwen3Spec, write_tiny_model
+from vllm_kunlun.demo.run import DEFAULT_PROMPTS
+from vllm_kunlun.demo.tiny_model import TinyQwen3Spec, write_tiny_model
 
 pytestmark = pytest.mark.slow
 

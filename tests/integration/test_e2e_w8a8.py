@@ -1,6 +1,6 @@
 """End to end in host emulation: a compressed-tensors W8A8-INT8 (dynamic) checkpoint.
 
-The tiny Qwen3 quantized by ``vllm_kunlun.tiny_quant`` is served by vLLM 0.15.1 through
+The tiny Qwen3 quantized by ``vllm_kunlun.demo.tiny_quant`` is served by vLLM 0.15.1 through
 the plugin (multiprocessing engine: the int8 kernel must be registered in the spawned
 engine process too), and by ``vllm-kunlun demo --in-process`` (the in-process path).
 References (``w8a8_reference.py``, run in the engine's runner after the jobs):
@@ -29,7 +29,7 @@ from tests.integration.test_e2e_emulation import (
     req,
     run_spec,
 )
-from vllm_kunlun.tiny_quant import write_tiny_w8a8
+from vllm_kunlun.demo.tiny_quant import write_tiny_w8a8
 
 pytestmark = pytest.mark.slow
 
@@ -182,7 +182,7 @@ def test_demo_generates_in_process(model_dir: str, work: Path) -> None:
         env=child_env(EMULATION, fakes=False),
         capture_output=True,
         text=True,
-        timeout=300,
+        timeout=600,
         cwd=REPO,
     )
     assert proc.returncode == 0, proc.stderr[-4000:] + proc.stdout[-3000:]

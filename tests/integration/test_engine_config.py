@@ -81,7 +81,7 @@ def test_engine_config_builds_under_kunlun(engine_config: tuple[dict, str]) -> N
 
 def test_platform_defaults_are_set_and_logged(engine_config: tuple[dict, str]) -> None:
     result, log = engine_config
-    assert result["worker_cls"] == "vllm_kunlun.worker.KunlunWorker"
+    assert result["worker_cls"] == "vllm_kunlun.platforms.worker.KunlunWorker"
     assert result["block_size"] == 16
     assert not any(result["fusions"].values()), result["fusions"]
     assert "vllm-kunlun default: ParallelConfig.worker_cls" in log

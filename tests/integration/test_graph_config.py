@@ -24,8 +24,8 @@ import pytest
 from tests.conftest import FAKES, run_python
 from tests.integration.test_engine_config import TINY_QWEN3
 from tests.integration.test_patch_engine import SET_DIR, copy_tree, installed_root
+from vllm_kunlun.demo.tiny_model import write_tiny_model
 from vllm_kunlun.patching import engine
-from vllm_kunlun.tiny_model import write_tiny_model
 
 pytestmark = pytest.mark.slow
 
@@ -48,7 +48,7 @@ import vllm.utils.torch_utils as tu
 out = {"weak_ref_patched": tu.weak_ref_tensor.__module__}
 for name, kw in CASES:
     if name == "native_missing":  # as if the extension had never been built
-        from vllm_kunlun import native
+        from vllm_kunlun.ops import native
         sys.modules["vllm_kunlun._native"] = None
         native.load.cache_clear()
     out[name] = resolve(**kw)
@@ -194,9 +194,10 @@ os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # counters of this process
 from vllm.compilation.counter import compilation_counter as counter
 from vllm.config import CompilationMode
 
-from vllm_kunlun import emulation_defaults, graphs
-from vllm_kunlun.emulation import KunlunHostEmulationPlatform
-from vllm_kunlun.platform import KunlunPlatform
+from vllm_kunlun.platforms import emulation_defaults
+from vllm_kunlun.platforms import graphs
+from vllm_kunlun.platforms.emulation import KunlunHostEmulationPlatform
+from vllm_kunlun.platforms.kunlun import KunlunPlatform
 
 # The model compiled as on KunlunPlatform; host emulation has no graphs to capture.
 KunlunHostEmulationPlatform.opaque_attention_op = KunlunPlatform.opaque_attention_op

@@ -177,7 +177,7 @@ def test_patched_tree_imports_and_compiles_on_torch_251(
             "HF_HUB_OFFLINE": "1",
         },
         fakes=False,
-        timeout=300,
+        timeout=600,
     )
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
     assert proc.returncode == 0 and lines, proc.stderr[-4000:]

@@ -107,7 +107,7 @@ def test_tp_ranks_with_different_rngs_emit_identical_tokens() -> None:
     outputs = []
     try:
         for proc in procs:
-            out, _ = proc.communicate(timeout=240)
+            out, _ = proc.communicate(timeout=480)
             assert proc.returncode == 0, out[-4000:]
             outputs.append(out)
     finally:

@@ -26,8 +26,8 @@ from transformers import AutoTokenizer
 
 from tests.conftest import child_env
 from tests.integration.e2e_runner import run_hf
-from vllm_kunlun.server_process import ServerProcess, start_server
-from vllm_kunlun.tiny_model import vocabulary, write_tiny_model
+from vllm_kunlun.demo.server_process import ServerProcess, start_server
+from vllm_kunlun.demo.tiny_model import vocabulary, write_tiny_model
 
 pytestmark = pytest.mark.slow
 

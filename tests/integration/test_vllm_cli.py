@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import REPO, child_env
-from vllm_kunlun.server_process import ServerError, start_server
+from vllm_kunlun.demo.server_process import ServerError, start_server
 
 pytestmark = pytest.mark.slow
 
@@ -24,7 +24,7 @@ def run_vllm(
         env=child_env(env, fakes=fakes),
         capture_output=True,
         text=True,
-        timeout=300,
+        timeout=600,
         cwd=REPO,
     )
 

@@ -23,7 +23,7 @@ def test_wheel_ships_patch_set_and_doctor_schema(tmp_path: Path) -> None:
         env=env,
         capture_output=True,
         text=True,
-        timeout=300,
+        timeout=600,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     (wheel,) = tmp_path.glob("vllm_kunlun-*.whl")

@@ -20,7 +20,7 @@ WORKER_MODULES = [
     "vllm.distributed.parallel_state",
     "vllm.model_executor.layers.quantization.utils.fp8_utils",
     "vllm.v1.worker.gpu_worker",
-    "vllm_kunlun.worker",  # the worker KunlunPlatform selects (registers our models)
+    "vllm_kunlun.platforms.worker",  # the worker KunlunPlatform selects (registers our models)
     "vllm_kunlun.models.qwen3_5",
     "vllm.v1.worker.gpu_model_runner",
     "vllm.v1.sample.sampler",

@@ -15,8 +15,8 @@ from vllm_kunlun.attention.backend import (
     PortableAttentionBackend,
     PortableAttentionImpl,
 )
-from vllm_kunlun.emulation import KunlunHostEmulationPlatform
-from vllm_kunlun.platform import KunlunPlatform
+from vllm_kunlun.platforms.emulation import KunlunHostEmulationPlatform
+from vllm_kunlun.platforms.kunlun import KunlunPlatform
 
 
 @pytest.fixture(autouse=True)

@@ -17,7 +17,7 @@ from tests.conftest import REPO
 
 PRELUDE = """
 import json, logging, os, subprocess, sys
-from vllm_kunlun import cli_streams
+from vllm_kunlun.cli import streams
 
 def noisy():
     # vLLM's handler, configured before the run (vLLM imported earlier)
@@ -45,7 +45,7 @@ def _run(body: str) -> subprocess.CompletedProcess[str]:
 def test_json_stdout_carries_only_what_the_command_prints() -> None:
     proc = _run(
         """
-        with cli_streams.json_stdout():
+        with streams.json_stdout():
             noisy()
             print(json.dumps({"ok": True}))
         logging.getLogger("vllm").info("after the run")
@@ -69,7 +69,7 @@ def test_output_to_file_keeps_the_log_and_the_report_apart(tmp_path: Path) -> No
     proc = _run(
         f"""
         print("starting", flush=True)
-        with cli_streams.output_to_file({str(log)!r}):
+        with streams.output_to_file({str(log)!r}):
             noisy()
         print("the report")
         logging.getLogger("vllm").info("engine shutdown line")

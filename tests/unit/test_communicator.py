@@ -15,7 +15,7 @@ from vllm.distributed.device_communicators.base_device_communicator import (
     DeviceCommunicatorBase,
 )
 
-from vllm_kunlun.communicator import KunlunCommunicator, group_backend
+from vllm_kunlun.platforms.communicator import KunlunCommunicator, group_backend
 
 INFERENCE_TENSOR_ERROR = "Inplace update to inference tensor outside InferenceMode"
 

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from vllm_kunlun.demo import DemoReport, Generation, choose_platform
-from vllm_kunlun.demo_cli import _print_report, run_demo_command
+from vllm_kunlun.demo.cli import _print_report, run_demo_command
+from vllm_kunlun.demo.run import DemoReport, Generation, choose_platform
 
 
 def test_emulation_without_a_kunlun_device(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -51,7 +51,7 @@ def test_report_names_what_served(capsys: pytest.CaptureFixture) -> None:
         generations=[Generation("one two", " three four", [5, 6], 0)],
         serving=[
             {
-                "platform": "vllm_kunlun.emulation.KunlunHostEmulationPlatform",
+                "platform": "vllm_kunlun.platforms.emulation.KunlunHostEmulationPlatform",
                 "device_name": "emu",
                 "attention_backends": ["CUSTOM (portable)"],
                 "topk_topp_forward": "vllm_kunlun.sample.X.forward",

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from vllm.engine import arg_utils
 
-from vllm_kunlun import guards
+from vllm_kunlun.guards import model_path as guards
 
 
 @pytest.fixture

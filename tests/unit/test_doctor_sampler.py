@@ -95,7 +95,7 @@ def test_the_workers_sampler_is_what_the_check_reports() -> None:
     status, cause, _, built = _probe({"VLLM_PLUGINS": "kunlun"})
     assert status in ("ok", "warn"), cause
     assert built == "KunlunTopKTopPSampler"
-    assert "vllm_kunlun.worker.KunlunWorker prepares its process" in cause
+    assert "vllm_kunlun.platforms.worker.KunlunWorker prepares its process" in cause
 
 
 def test_a_plugin_list_without_the_platform_fails_with_the_fix() -> None:

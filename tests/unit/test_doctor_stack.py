@@ -8,7 +8,7 @@ import pytest
 
 from vllm_kunlun.doctor.finding import Context
 from vllm_kunlun.doctor.stack import check_stack_versions
-from vllm_kunlun.guards import StackError, stack_guard
+from vllm_kunlun.guards.engine_checks import StackError, stack_guard
 
 GOOD = {
     "vllm": "0.15.1",

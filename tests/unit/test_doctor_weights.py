@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 from safetensors.torch import load_file
 
+from vllm_kunlun.demo.tiny_quant import w8a8_dynamic_config, write_tiny_w8a8
 from vllm_kunlun.doctor.budget import check_kv_budget
 from vllm_kunlun.doctor.finding import Context
 from vllm_kunlun.doctor.weights import QWEN3_5_27B, estimate_weights, linear_layers
-from vllm_kunlun.tiny_quant import w8a8_dynamic_config, write_tiny_w8a8
 
 GIB = 1 << 30
 CONFIG_27B = QWEN3_5_27B

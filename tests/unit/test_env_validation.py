@@ -11,8 +11,8 @@ import pytest
 from vllm_kunlun import envs
 from vllm_kunlun.doctor.environment import check_environment
 from vllm_kunlun.doctor.finding import Context, run_checks
-from vllm_kunlun.emulation import KunlunHostEmulationPlatform
-from vllm_kunlun.platform import KunlunPlatform
+from vllm_kunlun.platforms.emulation import KunlunHostEmulationPlatform
+from vllm_kunlun.platforms.kunlun import KunlunPlatform
 
 # Every declared variable, with values it must refuse (a new variable adds its row).
 MALFORMED: dict[str, list[str]] = {

@@ -1,4 +1,4 @@
-"""Graph-capture policy of KunlunPlatform (vllm_kunlun/graphs.py), no engine.
+"""Graph-capture policy of KunlunPlatform (vllm_kunlun/platforms/graphs.py), no engine.
 
 The resolved engine configs are in tests/integration/test_graph_config.py.
 """
@@ -11,10 +11,10 @@ from typing import Any
 import pytest
 from vllm.config import CompilationConfig, CUDAGraphMode, VllmConfig
 
-from vllm_kunlun import graphs
-from vllm_kunlun.emulation import KunlunHostEmulationPlatform
 from vllm_kunlun.patching import engine
-from vllm_kunlun.platform import KunlunPlatform
+from vllm_kunlun.platforms import graphs
+from vllm_kunlun.platforms.emulation import KunlunHostEmulationPlatform
+from vllm_kunlun.platforms.kunlun import KunlunPlatform
 
 
 def test_kunlun_platform_declares_piecewise_graphs() -> None:

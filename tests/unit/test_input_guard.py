@@ -10,7 +10,7 @@ import pytest
 import torch
 from vllm.v1.engine.input_processor import InputProcessor
 
-from vllm_kunlun import input_guard
+from vllm_kunlun.guards import token_ids
 
 VOCAB = 226
 
@@ -47,19 +47,30 @@ def validate(ids: Any, **kwargs: Any) -> None:
     )
 
 
+@pytest.fixture(autouse=True)
+def _starts_without_the_guard() -> Iterator[None]:
+    """Another test in this process (a platform hook) may have installed it: each test
+    here starts from vLLM's own method and leaves the state it found."""
+    was = token_ids.installed()
+    token_ids.uninstall()
+    yield
+    if was:
+        token_ids.install()
+
+
 @pytest.fixture
 def guard() -> Iterator[None]:
     original = InputProcessor.__dict__["_validate_model_input"]
-    assert input_guard.install() is True
-    assert input_guard.install() is False  # idempotent
+    assert token_ids.install() is True
+    assert token_ids.install() is False  # idempotent
     yield
-    input_guard.uninstall()
+    token_ids.uninstall()
     assert InputProcessor.__dict__["_validate_model_input"] is original
 
 
 def test_vllm_alone_lets_negative_ids_and_id_equal_to_vocab_through() -> None:
     """The upstream gaps (removal of the guard: when these raise)."""
-    assert not input_guard.installed()
+    assert not token_ids.installed()
     validate([-1, 5])
     validate([5, VOCAB])
     with pytest.raises(ValueError, match=f"Token id {VOCAB + 1} is out of vocabulary"):
@@ -75,7 +86,7 @@ def test_guard_refuses_ids_outside_the_vocabulary(
 ) -> None:
     with pytest.raises(ValueError) as err:
         validate(ids)
-    assert isinstance(err.value, input_guard.TokenIdError)
+    assert isinstance(err.value, token_ids.TokenIdError)
     assert f"Token id {bad} at position {position} of the decoder prompt" in str(
         err.value
     )
@@ -89,9 +100,9 @@ def test_guard_accepts_the_whole_vocabulary_and_keeps_vllms_checks(guard: None) 
 
 
 def test_tensor_ids() -> None:
-    input_guard.check_token_ids(torch.tensor([0, 5, VOCAB - 1]), VOCAB)
-    with pytest.raises(input_guard.TokenIdError, match="Token id -3 at position 1"):
-        input_guard.check_token_ids(torch.tensor([4, -3]), VOCAB)
+    token_ids.check_token_ids(torch.tensor([0, 5, VOCAB - 1]), VOCAB)
+    with pytest.raises(token_ids.TokenIdError, match="Token id -3 at position 1"):
+        token_ids.check_token_ids(torch.tensor([4, -3]), VOCAB)
 
 
 def test_bound_is_the_larger_vocabulary(guard: None) -> None:
@@ -100,13 +111,13 @@ def test_bound_is_the_larger_vocabulary(guard: None) -> None:
     validate([VOCAB + 10], vocab=VOCAB, tokenizer_len=VOCAB + 20)
     validate([VOCAB + 10], vocab=VOCAB + 20, tokenizer_len=VOCAB)
     validate([VOCAB - 1], tokenizer_len=None)  # skip_tokenizer_init: model vocab
-    with pytest.raises(input_guard.TokenIdError):
+    with pytest.raises(token_ids.TokenIdError):
         validate([VOCAB], tokenizer_len=None)
 
 
 def test_embeds_prompts_are_not_token_ids(guard: None) -> None:
     calls = []
-    guarded = input_guard._make_guard(lambda self, inputs, prompt_type: calls.append(1))
+    guarded = token_ids._make_guard(lambda self, inputs, prompt_type: calls.append(1))
     guarded(
         processor(),
         {"type": "embeds", "prompt_embeds": torch.zeros(2, 4)},
@@ -119,5 +130,5 @@ def test_a_different_upstream_signature_is_left_alone(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setattr(InputProcessor, "_validate_model_input", lambda self, x: None)
-    assert input_guard.install() is False
-    assert not input_guard.installed()
+    assert token_ids.install() is False
+    assert not token_ids.installed()

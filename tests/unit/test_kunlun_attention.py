@@ -29,9 +29,9 @@ from vllm_kunlun.attention.kunlun import (
     build_metadata,
     kv_views,
 )
-from vllm_kunlun.emulation import KunlunHostEmulationPlatform
 from vllm_kunlun.ops import kernels
-from vllm_kunlun.platform import KunlunPlatform
+from vllm_kunlun.platforms.emulation import KunlunHostEmulationPlatform
+from vllm_kunlun.platforms.kunlun import KunlunPlatform
 
 HEADS, KV_HEADS, HEAD = 8, 2, 128
 

@@ -12,9 +12,9 @@ from vllm.platforms.interface import Platform
 
 import vllm_kunlun
 from vllm_kunlun import models
-from vllm_kunlun.emulation import KunlunHostEmulationPlatform
-from vllm_kunlun.platform import KunlunPlatform
 from vllm_kunlun.platforms import EMULATION_PLATFORM
+from vllm_kunlun.platforms.emulation import KunlunHostEmulationPlatform
+from vllm_kunlun.platforms.kunlun import KunlunPlatform
 
 
 @pytest.fixture
@@ -72,9 +72,13 @@ def test_the_config_building_process_registers_before_modelconfig(
 @pytest.mark.parametrize(
     ("module", "cls_name", "parent"),
     [
-        ("vllm_kunlun.worker", "KunlunWorker", "vllm.v1.worker.gpu_worker.Worker"),
         (
-            "vllm_kunlun.emulation_worker",
+            "vllm_kunlun.platforms.worker",
+            "KunlunWorker",
+            "vllm.v1.worker.gpu_worker.Worker",
+        ),
+        (
+            "vllm_kunlun.platforms.emulation_worker",
             "EmulationWorker",
             "vllm.v1.worker.cpu_worker.CPUWorker",
         ),
@@ -103,11 +107,12 @@ def test_workers_register_before_they_build_anything(
 
 
 def test_the_platform_selects_the_registering_worker() -> None:
-    from vllm_kunlun import config_defaults, emulation_defaults
+    from vllm_kunlun.platforms import emulation_defaults, kunlun_defaults
 
-    assert config_defaults.WORKER_CLS == "vllm_kunlun.worker.KunlunWorker"
+    assert kunlun_defaults.WORKER_CLS == "vllm_kunlun.platforms.worker.KunlunWorker"
     assert (
-        emulation_defaults.WORKER_CLS == "vllm_kunlun.emulation_worker.EmulationWorker"
+        emulation_defaults.WORKER_CLS
+        == "vllm_kunlun.platforms.emulation_worker.EmulationWorker"
     )
 
 

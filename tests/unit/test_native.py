@@ -7,7 +7,7 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 from tests.conftest import run_python
-from vllm_kunlun import native
+from vllm_kunlun.ops import native
 
 pytestmark = pytest.mark.skipif(
     not native.load(), reason="native extension not built (VLLM_KUNLUN_BUILD_EXT=0)"
@@ -73,7 +73,7 @@ def test_missing_extension_is_reported_once_with_the_fix() -> None:
         import sys
         sys.modules["vllm_kunlun._native"] = None  # as if never built
         import vllm._custom_ops
-        from vllm_kunlun import native
+        from vllm_kunlun.ops import native
         assert native.load() is False
         print("STATUS", native.status())
         """,

@@ -12,7 +12,7 @@ from vllm.platforms.interface import Platform, PlatformEnum
 from vllm.v1.attention.backends.registry import AttentionBackendEnum
 from vllm.v1.attention.selector import AttentionSelectorConfig
 
-from vllm_kunlun.platform import KunlunPlatform
+from vllm_kunlun.platforms.kunlun import KunlunPlatform
 
 SEL = AttentionSelectorConfig(
     head_size=128, dtype=torch.bfloat16, kv_cache_dtype=None, block_size=16
@@ -136,7 +136,7 @@ def test_unknown_backend_is_refused() -> None:
 def test_emulation_groups_are_gloo_only() -> None:
     from torch.distributed import HashStore, PrefixStore
 
-    from vllm_kunlun.emulation import KunlunHostEmulationPlatform
+    from vllm_kunlun.platforms.emulation import KunlunHostEmulationPlatform
 
     with pytest.raises(ValueError, match="supports the gloo backends, not 'nccl'"):
         KunlunHostEmulationPlatform.stateless_init_device_torch_dist_pg(

@@ -32,7 +32,7 @@ def test_platform_path_with_devices_on_every_call(
     assert vllm_kunlun.register() == KUNLUN_PLATFORM
     assert vllm_kunlun.register() == KUNLUN_PLATFORM
     # Deciding does not import the platform (that is vLLM's step, after all plugins).
-    assert "vllm_kunlun.platform" not in set(sys.modules) - before
+    assert "vllm_kunlun.platforms.kunlun" not in set(sys.modules) - before
 
 
 def test_zero_devices_is_none_unless_forced(
@@ -75,7 +75,7 @@ def test_engine_command_without_any_platform_says_why(
     import vllm.platforms
     from vllm.platforms.interface import UnspecifiedPlatform
 
-    from vllm_kunlun.device import NoDeviceError
+    from vllm_kunlun.platforms.device import NoDeviceError
 
     monkeypatch.setattr(vllm.platforms, "_current_platform", UnspecifiedPlatform())
     with pytest.raises(NoDeviceError) as err:

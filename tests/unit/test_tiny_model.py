@@ -10,9 +10,9 @@ import torch
 from safetensors.torch import load_file
 from tokenizers import Tokenizer
 
-from vllm_kunlun import tiny_model
 from vllm_kunlun.cli import main
-from vllm_kunlun.demo import DEFAULT_PROMPTS
+from vllm_kunlun.demo import tiny_model
+from vllm_kunlun.demo.run import DEFAULT_PROMPTS
 
 
 @pytest.fixture(scope="module")
@@ -154,7 +154,7 @@ def test_vocabulary_smaller_than_the_words_is_refused() -> None:
 
 @pytest.fixture(scope="module")
 def hybrid_dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    from vllm_kunlun.tiny_qwen3_5 import LAYOUTS, TinyQwen3_5Spec
+    from vllm_kunlun.demo.tiny_qwen3_5 import LAYOUTS, TinyQwen3_5Spec
 
     root = tmp_path_factory.mktemp("tiny35")
     return {
@@ -223,7 +223,7 @@ def test_transformers_loads_both_hybrid_layouts_completely(
 def test_hybrid_checkpoints_are_deterministic_and_kept_apart(
     hybrid_dirs: dict[str, Path], tmp_path: Path
 ) -> None:
-    from vllm_kunlun.tiny_qwen3_5 import TinyQwen3_5Spec
+    from vllm_kunlun.demo.tiny_qwen3_5 import TinyQwen3_5Spec
 
     spec = TinyQwen3_5Spec(layout="composite")
     again = tiny_model.write_tiny_model(tmp_path / "again", spec)
@@ -237,7 +237,7 @@ def test_hybrid_checkpoints_are_deterministic_and_kept_apart(
 
 
 def test_cli_writes_the_hybrid(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
-    from vllm_kunlun.tiny_qwen3_5 import TinyQwen3_5Spec
+    from vllm_kunlun.demo.tiny_qwen3_5 import TinyQwen3_5Spec
 
     target = tmp_path / "h"
     assert (
@@ -287,7 +287,7 @@ def test_writers_refuse_too(tmp_path: Path) -> None:
     real, files = _someone_elses_model(tmp_path)
     with pytest.raises(tiny_model.OutputDirError, match="refusing to overwrite"):
         tiny_model.write_tiny_model(real)
-    from vllm_kunlun.tiny_quant import write_tiny_w8a8
+    from vllm_kunlun.demo.tiny_quant import write_tiny_w8a8
 
     with pytest.raises(tiny_model.OutputDirError):
         write_tiny_w8a8(real)

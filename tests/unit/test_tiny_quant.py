@@ -10,8 +10,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from vllm_kunlun import tiny_model, tiny_quant
 from vllm_kunlun.cli import main
+from vllm_kunlun.demo import tiny_model, tiny_quant
 
 
 @pytest.fixture(scope="module")

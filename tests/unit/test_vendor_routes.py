@@ -10,12 +10,12 @@ from typing import Any
 import pytest
 from vllm.config import CompilationConfig
 
-from vllm_kunlun.demo import choose_platform
+from vllm_kunlun.demo.run import choose_platform
 from vllm_kunlun.doctor.vendor_contract import compare_contract
-from vllm_kunlun.emulation import KunlunHostEmulationPlatform
 from vllm_kunlun.ops import custom_ops, kernels, vendor
 from vllm_kunlun.ops.contract import VENDOR_CONTRACT
-from vllm_kunlun.platform import KunlunPlatform
+from vllm_kunlun.platforms.emulation import KunlunHostEmulationPlatform
+from vllm_kunlun.platforms.kunlun import KunlunPlatform
 
 
 def test_only_declared_vendor_functions_can_be_asked_for() -> None:

@@ -16,7 +16,7 @@ import pytest
 import torch
 import vllm.utils.torch_utils as torch_utils
 
-from vllm_kunlun import native
+from vllm_kunlun.ops import native
 from vllm_kunlun.patching import weak_ref
 from vllm_kunlun.patching.attribute import PatchMismatch
 
@@ -104,7 +104,7 @@ def test_a_changed_upstream_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_the_platform_applies_it_with_its_kernels() -> None:
-    from vllm_kunlun.platform import KunlunPlatform
+    from vllm_kunlun.platforms.kunlun import KunlunPlatform
 
     try:
         KunlunPlatform.import_kernels()

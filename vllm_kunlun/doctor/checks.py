@@ -1,6 +1,6 @@
 """The doctor's checks, in report order: one small function per failure class of the
 deployment log, each in the module of its family. Engine-start guards
-(vllm_kunlun.guards) reuse the same functions."""
+(vllm_kunlun/guards/) reuse the same functions."""
 
 from __future__ import annotations
 

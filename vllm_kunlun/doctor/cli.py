@@ -7,7 +7,7 @@ import os
 import sys
 from typing import Any
 
-from vllm_kunlun.cli_args import fraction, int_range, non_negative_float, positive_float
+from vllm_kunlun.cli.args import fraction, int_range, non_negative_float, positive_float
 
 # Bounds far above any deployment, low enough that the arithmetic stays exact.
 MAX_TP = 1024

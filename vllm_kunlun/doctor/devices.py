@@ -5,8 +5,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from vllm_kunlun.device import DeviceNodes, DeviceProbe, device_nodes, probe_devices
 from vllm_kunlun.doctor.finding import Context, Finding
+from vllm_kunlun.platforms.device import (
+    DeviceNodes,
+    DeviceProbe,
+    device_nodes,
+    probe_devices,
+)
 
 XPU_STUB_NOTE = (
     "torch.xpu.device_count() is Intel's stub in Kunlun's torch build and reports 0 "

@@ -2,7 +2,7 @@
 (``models/Qwen3.8`` for ``models/Qwen3.8-27B-W8A8-INT8-Dynamic``) makes vLLM treat it as
 a Hugging Face Hub id: ``snapshot_download`` and an ``HFValidationError`` (or a network
 timeout on an offline host) instead of "no such directory". The same function backs the
-engine-start guard (vllm_kunlun.guards).
+engine-start guard (vllm_kunlun/guards/model_path.py).
 
 A model string "looks local" when it is absolute, starts with ``.``/``~``, has more than
 one separator (a Hub id is ``org/name``), or its first component is an existing

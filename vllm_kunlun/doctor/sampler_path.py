@@ -22,8 +22,8 @@ from typing import Any
 
 import torch
 
-from vllm_kunlun.device import probe_devices
 from vllm_kunlun.doctor.finding import Context, Finding
+from vllm_kunlun.platforms.device import probe_devices
 from vllm_kunlun.versions import install_hint, label
 
 PROBE_BATCH = 8
@@ -146,12 +146,12 @@ def worker_sampler(ours: bool) -> tuple[type | None, str]:
         return None, "no vllm-kunlun platform is active in this environment"
     from vllm.v1.sample.sampler import Sampler
 
-    from vllm_kunlun import config_defaults, emulation_defaults
-    from vllm_kunlun.emulation import KunlunHostEmulationPlatform
-    from vllm_kunlun.worker import prepare_model_process
+    from vllm_kunlun.platforms import emulation_defaults, kunlun_defaults
+    from vllm_kunlun.platforms.emulation import KunlunHostEmulationPlatform
+    from vllm_kunlun.platforms.worker import prepare_model_process
 
     emulated = isinstance(current_platform, KunlunHostEmulationPlatform)
-    worker = (emulation_defaults if emulated else config_defaults).WORKER_CLS
+    worker = (emulation_defaults if emulated else kunlun_defaults).WORKER_CLS
     prepare_model_process()  # what KunlunWorker / EmulationWorker run first
     return type(Sampler().topk_topp_sampler), f"{worker} prepares its process"
 
@@ -159,7 +159,7 @@ def worker_sampler(ours: bool) -> tuple[type | None, str]:
 def _platform() -> tuple[str, bool]:
     from vllm.platforms import current_platform
 
-    from vllm_kunlun.platform import KunlunPlatformBase
+    from vllm_kunlun.platforms.kunlun import KunlunPlatformBase
 
     return type(current_platform).__name__, isinstance(
         current_platform, KunlunPlatformBase

@@ -8,7 +8,7 @@ platform yet.
 
 from __future__ import annotations
 
-from vllm_kunlun.patching.runtime import apply_schema_fix
+from vllm_kunlun.platforms.runtime_fixes import apply_schema_fix
 
 
 def ensure_vllm_importable() -> None:

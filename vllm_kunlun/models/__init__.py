@@ -13,7 +13,7 @@ under tensor parallelism). The hooks, each idempotent:
 - ``KunlunPlatformBase.pre_register_and_update``: vLLM calls it as the first statement
   of ``EngineArgs.create_engine_config`` (and while building the ``vllm serve`` parser),
   before ``ModelConfig`` exists;
-- the worker classes the platforms select (``vllm_kunlun.worker.KunlunWorker``,
+- the worker classes the platforms select (``vllm_kunlun.platforms.worker.KunlunWorker``,
   ``emulation_worker.EmulationWorker``) register in their constructor, which vLLM runs
   in every process that then loads the model;
 - the ``vllm.general_plugins`` entry point (``register_runtime_fixes``), which vLLM

@@ -45,13 +45,12 @@ class Refused(Exception):
 
 def platform_policy() -> tuple[bool, str]:
     """Whether the active vLLM platform routes work to vendor kernels, and why."""
-    from vllm.platforms import current_platform
+    from vllm_kunlun.platforms import active_plugin_platform
 
-    from vllm_kunlun.platform import KunlunPlatformBase
-
-    if not isinstance(current_platform, KunlunPlatformBase):
+    platform = active_plugin_platform()
+    if platform is None:
         return False, "the active vLLM platform is not a vllm-kunlun platform"
-    return current_platform.vendor_kernels()
+    return platform.vendor_kernels()  # type: ignore[no-any-return]
 
 
 _ROUTES: list[Route] = []

@@ -105,6 +105,18 @@ def _lookup(module: ModuleType, dotted: str) -> Any:
     return obj
 
 
+def platform_resolved() -> bool:
+    """True once vLLM's ``current_platform`` exists.
+
+    The platform constructor calls ``apply_runtime_fixes`` while vLLM is still
+    resolving ``current_platform``; importing ``vllm.v1.sample`` then would re-enter
+    that resolution. The ``vllm.general_plugins`` entry point calls it again later, in
+    every process, before any model runner builds its sampler.
+    """
+    platforms = sys.modules.get("vllm.platforms")
+    return getattr(platforms, "_current_platform", None) is not None
+
+
 def apply_group(patches: tuple[AttributePatch, ...]) -> bool:
     """All patches of one registry entry, or none; True when this call applied them.
 

@@ -15,7 +15,7 @@ import json
 import sys
 from typing import Any
 
-from vllm_kunlun.cli_args import non_negative_float
+from vllm_kunlun.cli.args import non_negative_float
 
 EXIT_OK, EXIT_DRIFT, EXIT_REFUSED, EXIT_INCONSISTENT = 0, 1, 2, 3
 

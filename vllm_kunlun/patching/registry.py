@@ -2,7 +2,7 @@
 
 A runtime patch changes a live object (a module attribute, a class, a torch table) in
 the process that runs it, never a file. The implementations live next to what they
-serve (``sample/patches.py``, ``models/patches.py``, ``guards.py`` ...); this table is
+serve (``sample/patches.py``, ``models/patches.py``, ``guards/`` ...); this table is
 the one list of them: ``vllm-kunlun patch status`` and the doctor print it beside the
 file patch set, and a test fails when a patch object exists that is not declared here
 (or the other way round).
@@ -143,7 +143,7 @@ REGISTRY: tuple[RuntimePatch, ...] = (
     ),
     RuntimePatch(
         "engine_model_path_guard",
-        "vllm_kunlun.guards",
+        "vllm_kunlun.guards.model_path",
         (
             "vllm.engine.arg_utils.maybe_override_with_speculators",
             "vllm.engine.arg_utils.get_model_path",
@@ -155,7 +155,7 @@ REGISTRY: tuple[RuntimePatch, ...] = (
     ),
     RuntimePatch(
         "engine_token_id_guard",
-        "vllm_kunlun.input_guard",
+        "vllm_kunlun.guards.token_ids",
         ("vllm.v1.engine.input_processor.InputProcessor._validate_model_input",),
         "an out-of-vocabulary prompt token id kills the engine instead of one request",
         _FRONT,

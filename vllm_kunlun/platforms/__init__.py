@@ -10,10 +10,23 @@ every process.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
-KUNLUN_PLATFORM = "vllm_kunlun.platform.KunlunPlatform"
-EMULATION_PLATFORM = "vllm_kunlun.emulation.KunlunHostEmulationPlatform"
+KUNLUN_PLATFORM = "vllm_kunlun.platforms.kunlun.KunlunPlatform"
+EMULATION_PLATFORM = "vllm_kunlun.platforms.emulation.KunlunHostEmulationPlatform"
 EMULATION_ENV = "VLLM_KUNLUN_HOST_EMULATION"
+
+
+MARKER = "is_vllm_kunlun_platform"
+"""Class attribute every vllm-kunlun platform sets: lower layers (ops, quantization)
+ask ``active_plugin_platform()`` instead of importing the platform classes."""
+
+
+def active_plugin_platform() -> Any | None:
+    """vLLM's current platform when it is one of ours (Kunlun or host emulation)."""
+    from vllm.platforms import current_platform
+
+    return current_platform if getattr(current_platform, MARKER, False) else None
 
 
 @dataclass(frozen=True)
@@ -32,7 +45,7 @@ def select_platform(emulate_without_device: bool = False) -> PlatformSelection:
     """Kunlun with a device (or when forced), host emulation when asked for; without
     either, None, or emulation when ``emulate_without_device``."""
     from vllm_kunlun import envs
-    from vllm_kunlun.device import probe_devices
+    from vllm_kunlun.platforms.device import probe_devices
 
     if envs.VLLM_KUNLUN_HOST_EMULATION:
         return PlatformSelection(EMULATION_PLATFORM, f"{EMULATION_ENV}=1 is set")

@@ -54,11 +54,9 @@ class KunlunInt8ScaledMMLinearKernel(Int8ScaledMMLinearKernel):
     def is_supported(
         cls, compute_capability: int | None = None
     ) -> tuple[bool, str | None]:
-        from vllm.platforms import current_platform
+        from vllm_kunlun.platforms import active_plugin_platform
 
-        from vllm_kunlun.platform import KunlunPlatformBase
-
-        if isinstance(current_platform, KunlunPlatformBase):
+        if active_plugin_platform() is not None:
             return True, None
         return False, "requires a vllm-kunlun platform (Kunlun or host emulation)"
 

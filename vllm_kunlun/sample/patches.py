@@ -2,7 +2,7 @@
 
 Each patch replaces one module attribute, keeps the original, checks first that the
 upstream object looks like the one it was written for (and says what differs when it
-does not), and can be reverted. Applied by ``patching.runtime.apply_runtime_fixes``
+does not), and can be reverted. Applied by ``platforms.runtime_fixes.apply_runtime_fixes``
 while a Kunlun platform is active.
 
 * ``kunlun_topk_topp_sampler``: ``vllm.v1.sample.sampler.TopKTopPSampler`` ->
@@ -19,7 +19,6 @@ kernel for it) and keeps TP ranks consistent itself.
 
 from __future__ import annotations
 
-import sys
 from types import ModuleType
 from typing import Any
 
@@ -30,6 +29,7 @@ from vllm_kunlun.patching.attribute import (
     apply_group,
     expect_call,
     expect_params,
+    platform_resolved,
 )
 
 logger = init_logger(__name__)
@@ -143,18 +143,6 @@ PATCHES: tuple[AttributePatch, ...] = (
         _check_rejection,
     ),
 )
-
-
-def platform_resolved() -> bool:
-    """True once vLLM's ``current_platform`` exists.
-
-    The platform constructor calls ``apply_runtime_fixes`` while vLLM is still
-    resolving ``current_platform``; importing ``vllm.v1.sample`` then would re-enter
-    that resolution. The ``vllm.general_plugins`` entry point calls it again later, in
-    every process, before any model runner builds its sampler.
-    """
-    platforms = sys.modules.get("vllm.platforms")
-    return getattr(platforms, "_current_platform", None) is not None
 
 
 def apply_all() -> list[str]:

@@ -86,7 +86,7 @@ def register_all(policy: tuple[bool, str] | None = None) -> list[str]:
     platform wants vendor kernels. A class someone else already replaced is kept, with a
     warning naming it.
     """
-    from vllm_kunlun.sample.patches import platform_resolved
+    from vllm_kunlun.patching.attribute import platform_resolved
 
     if not platform_resolved():
         return []

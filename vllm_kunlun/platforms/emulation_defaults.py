@@ -10,15 +10,15 @@ import os
 from typing import TYPE_CHECKING
 
 from vllm_kunlun import envs
-from vllm_kunlun.config_defaults import _set
 from vllm_kunlun.logger import init_logger
+from vllm_kunlun.platforms.kunlun_defaults import _set
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
 
 logger = init_logger(__name__)
 
-WORKER_CLS = "vllm_kunlun.emulation_worker.EmulationWorker"
+WORKER_CLS = "vllm_kunlun.platforms.emulation_worker.EmulationWorker"
 BLOCK_SIZE = 16
 
 

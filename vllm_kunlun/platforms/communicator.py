@@ -40,7 +40,7 @@ from vllm_kunlun.logger import init_logger
 
 logger = init_logger(__name__)
 
-COMMUNICATOR = "vllm_kunlun.communicator.KunlunCommunicator"
+COMMUNICATOR = "vllm_kunlun.platforms.communicator.KunlunCommunicator"
 
 
 @contextlib.contextmanager

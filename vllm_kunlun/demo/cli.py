@@ -13,8 +13,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from vllm_kunlun.cli_args import int_range, non_negative_float
-from vllm_kunlun.cli_streams import output_to_file
+from vllm_kunlun.cli.args import int_range, non_negative_float
+from vllm_kunlun.cli.streams import output_to_file
 
 
 def add_parser(sub: Any) -> None:
@@ -106,7 +106,7 @@ def run_tiny_model_command(args: argparse.Namespace) -> int:
     if args.arch != "qwen3_5" and args.layout != "causal":
         return _tiny_model_refused("--layout applies to --arch qwen3_5 only")
 
-    from vllm_kunlun.tiny_model import OutputDirError, checksum, prepare_output_dir
+    from vllm_kunlun.demo.tiny_model import OutputDirError, checksum, prepare_output_dir
 
     try:
         # Checked before torch is imported: a refusal is immediate.
@@ -114,18 +114,18 @@ def run_tiny_model_command(args: argparse.Namespace) -> int:
     except OutputDirError as exc:
         return _tiny_model_refused(str(exc))
     if args.arch == "qwen3_5":
-        from vllm_kunlun.tiny_model import write_tiny_model
-        from vllm_kunlun.tiny_qwen3_5 import ARCHITECTURES, TinyQwen3_5Spec
+        from vllm_kunlun.demo.tiny_model import write_tiny_model
+        from vllm_kunlun.demo.tiny_qwen3_5 import ARCHITECTURES, TinyQwen3_5Spec
 
         out = write_tiny_model(args.directory, TinyQwen3_5Spec(layout=args.layout))
         what = f"tiny Qwen3.5 hybrid ({ARCHITECTURES[args.layout]})"
     elif quant == "w8a8":
-        from vllm_kunlun.tiny_quant import write_tiny_w8a8
+        from vllm_kunlun.demo.tiny_quant import write_tiny_w8a8
 
         out = write_tiny_w8a8(args.directory)
         what = "tiny Qwen3 W8A8-INT8 (compressed-tensors, dynamic)"
     else:
-        from vllm_kunlun.tiny_model import write_tiny_model
+        from vllm_kunlun.demo.tiny_model import write_tiny_model
 
         out = write_tiny_model(args.directory)
         what = "tiny Qwen3"
@@ -177,7 +177,7 @@ def _print_report(report: Any) -> None:
 
 def default_log_file() -> Path:
     """``demo.log`` beside the tiny model's cache directory."""
-    from vllm_kunlun.tiny_model import default_cache_dir
+    from vllm_kunlun.demo.tiny_model import default_cache_dir
 
     return default_cache_dir().parent / "demo.log"
 
@@ -190,7 +190,7 @@ def _log_tail(path: Path, lines: int = 40) -> str:
 
 
 def run_demo_command(args: argparse.Namespace) -> int:
-    from vllm_kunlun.demo import DEFAULT_PROMPTS, choose_platform, run_demo
+    from vllm_kunlun.demo.run import DEFAULT_PROMPTS, choose_platform, run_demo
 
     choice = choose_platform()
 

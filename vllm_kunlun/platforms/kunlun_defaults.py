@@ -15,7 +15,7 @@ if TYPE_CHECKING:
 
 logger = init_logger(__name__)
 
-WORKER_CLS = "vllm_kunlun.worker.KunlunWorker"
+WORKER_CLS = "vllm_kunlun.platforms.worker.KunlunWorker"
 DEFAULT_BLOCK_SIZE = 16
 # Inductor fusion passes that need newer torch (pattern matcher features) or vllm._C
 # fused kernels; torch 2.5.1 on Kunlun runs none of them.
@@ -47,7 +47,7 @@ def _set(obj: Any, field: str, value: Any, why: str) -> None:
 
 def apply_kunlun_defaults(vllm_config: VllmConfig) -> None:
     from vllm_kunlun.patching.engine import warn_if_not_applied
-    from vllm_kunlun.patching.runtime import warn_if_general_plugin_filtered
+    from vllm_kunlun.platforms.runtime_fixes import warn_if_general_plugin_filtered
 
     warn_if_not_applied()  # once per process; names the fix `vllm-kunlun patch apply`
     warn_if_general_plugin_filtered()

@@ -15,9 +15,9 @@ from collections.abc import Sequence
 
 SUBCOMMAND_MODULES = (
     "vllm_kunlun.doctor.cli",
-    "vllm_kunlun.versions_cli",
+    "vllm_kunlun.cli.versions",
     "vllm_kunlun.patching.cli",
-    "vllm_kunlun.demo_cli",
+    "vllm_kunlun.demo.cli",
 )
 
 
@@ -36,7 +36,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if getattr(args, "json", False):
         # Every --json prints one JSON document on stdout and nothing else: vLLM's
         # log (stdout by default) and anything the engine processes write go to stderr.
-        from vllm_kunlun.cli_streams import json_stdout
+        from vllm_kunlun.cli.streams import json_stdout
 
         with json_stdout():
             return int(args.func(args))

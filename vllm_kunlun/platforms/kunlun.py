@@ -17,9 +17,9 @@ from vllm.platforms.interface import Platform, PlatformEnum
 from vllm.v1.attention.backends.registry import AttentionBackendEnum
 
 from vllm_kunlun import envs
-from vllm_kunlun.device import probe_devices
 from vllm_kunlun.logger import init_logger
-from vllm_kunlun.patching.runtime import apply_runtime_fixes
+from vllm_kunlun.platforms.device import probe_devices
+from vllm_kunlun.platforms.runtime_fixes import apply_runtime_fixes
 
 if TYPE_CHECKING:
     from torch.distributed import PrefixStore, ProcessGroup
@@ -61,6 +61,7 @@ class KunlunPlatformBase(Platform):
     """
 
     _enum = PlatformEnum.OOT
+    is_vllm_kunlun_platform = True  # platforms.MARKER
     _banner: str = "vllm-kunlun platform active"
     # What the platform runs models in, and the words of a refusal.
     _dtypes: tuple[torch.dtype, ...] = (torch.bfloat16, torch.float16, torch.float32)
@@ -103,13 +104,13 @@ class KunlunPlatformBase(Platform):
         cls, parser: FlexibleArgumentParser | None = None
     ) -> None:
         # Called before vLLM reads --model (CLI parser, top of create_engine_config):
-        # the model-path guard must be in place by then (see vllm_kunlun/guards.py).
-        from vllm_kunlun import input_guard
-        from vllm_kunlun.guards import install
+        # the model-path guard must be in place by then (see vllm_kunlun/guards/model_path.py).
+        from vllm_kunlun.guards import token_ids
+        from vllm_kunlun.guards.model_path import install
         from vllm_kunlun.models import register_models
 
         install()
-        input_guard.install()
+        token_ids.install()
         # ModelConfig resolves the architecture right after this hook.
         register_models()
 
@@ -236,7 +237,7 @@ class KunlunPlatformBase(Platform):
         # torch.distributed collectives on the device group (nccl on Kunlun, gloo in
         # emulation); vLLM's CudaCommunicator loads NVIDIA's libnccl through ctypes and
         # custom all-reduce needs vllm._C. See communicator.py for what gloo needs.
-        from vllm_kunlun.communicator import COMMUNICATOR
+        from vllm_kunlun.platforms.communicator import COMMUNICATOR
 
         return COMMUNICATOR
 
@@ -245,7 +246,7 @@ class KunlunPlatformBase(Platform):
         # vllm._C does not load on torch 2.5.1 (vLLM warns and we rely on none of it);
         # our own ops live in torch.ops.vllm_kunlun, loaded here once per process.
         super().import_kernels()
-        from vllm_kunlun import native
+        from vllm_kunlun.ops import native
 
         if native.load():
             _point_vllm_weak_ref_at_native()
@@ -285,7 +286,7 @@ class KunlunPlatform(KunlunPlatformBase):
     dispatch_key: str = "CUDA"
     ray_device_key: str = "GPU"
     dist_backend: str = "nccl"
-    # torch.compile without Inductor: Dynamo graphs run as traced (vllm_kunlun.graphs).
+    # torch.compile without Inductor: Dynamo graphs run as traced (vllm_kunlun.platforms.graphs).
     simple_compile_backend: str = "eager"
     device_control_env_var: str = "XPU_VISIBLE_DEVICES"
     additional_env_vars: list[str] = ["XPU_VISIBLE_DEVICES", *envs.registry()]
@@ -330,7 +331,7 @@ class KunlunPlatform(KunlunPlatformBase):
         torch.cuda.reset_peak_memory_stats(device)
         return float(torch.cuda.max_memory_allocated(device))
 
-    # ---- graphs (vllm_kunlun/graphs.py) -----------------------------------------------
+    # ---- graphs (vllm_kunlun/platforms/graphs.py) -----------------------------------------------
     @classmethod
     def support_static_graph_mode(cls) -> bool:
         return True
@@ -347,13 +348,13 @@ class KunlunPlatform(KunlunPlatformBase):
     # ---- configuration --------------------------------------------------------------
     @classmethod
     def check_and_update_config(cls, vllm_config: VllmConfig) -> None:
-        from vllm_kunlun.config_defaults import apply_kunlun_defaults
-        from vllm_kunlun.graphs import apply_graph_defaults
         from vllm_kunlun.ops.custom_ops import log_enablement
+        from vllm_kunlun.platforms.graphs import apply_graph_defaults
+        from vllm_kunlun.platforms.kunlun_defaults import apply_kunlun_defaults
 
         apply_kunlun_defaults(vllm_config)
         apply_graph_defaults(vllm_config)
         log_enablement(vllm_config)  # after the graph defaults settle the compile mode
-        from vllm_kunlun.guards import check_engine_config
+        from vllm_kunlun.guards.engine_checks import check_engine_config
 
         check_engine_config(vllm_config)

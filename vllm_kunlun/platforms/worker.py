@@ -25,7 +25,7 @@ def prepare_model_process() -> None:
     Idempotent; both of the plugin's workers call it first thing.
     """
     from vllm_kunlun.models import register_models
-    from vllm_kunlun.patching.runtime import apply_runtime_fixes
+    from vllm_kunlun.platforms.runtime_fixes import apply_runtime_fixes
 
     apply_runtime_fixes()
     register_models()

@@ -86,8 +86,8 @@ def run_demo(
     if in_process:
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
 
-    from vllm_kunlun.serving_info import SERVING_INFO_METHOD, WORKER_EXTENSION
-    from vllm_kunlun.tiny_model import (
+    from vllm_kunlun.demo.serving_info import SERVING_INFO_METHOD, WORKER_EXTENSION
+    from vllm_kunlun.demo.tiny_model import (
         default_cache_dir,
         ensure_tiny_model,
         is_tiny_checkpoint,

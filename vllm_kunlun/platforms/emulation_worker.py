@@ -26,7 +26,7 @@ import torch
 from vllm.v1.worker.cpu_model_runner import CPUModelRunner
 from vllm.v1.worker.cpu_worker import CPUWorker
 
-from vllm_kunlun.worker import prepare_model_process
+from vllm_kunlun.platforms.worker import prepare_model_process
 
 
 class EmulationModelRunner(CPUModelRunner):

@@ -25,7 +25,7 @@ import json
 import math
 from dataclasses import asdict, dataclass
 
-from vllm_kunlun.tiny_model import SEED
+from vllm_kunlun.demo.tiny_model import SEED
 
 FORMAT_VERSION = 1
 LAYOUTS = ("causal", "composite")

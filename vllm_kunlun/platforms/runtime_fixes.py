@@ -6,6 +6,7 @@ from __future__ import annotations
 from vllm_kunlun import envs
 from vllm_kunlun.logger import init_logger
 from vllm_kunlun.patching import schema, wrap_triton
+from vllm_kunlun.patching.attribute import platform_resolved
 from vllm_kunlun.quantization import patches as int8_patches
 from vllm_kunlun.sample import patches as sample_patches
 
@@ -49,7 +50,7 @@ def apply_runtime_fixes() -> None:
         )
     # Device-side sampling; deferred while vLLM is still resolving current_platform.
     sample_patches.apply_all()
-    if sample_patches.platform_resolved():
+    if platform_resolved():
         int8_patches.apply_if_loaded()
     # vLLM's CustomOps on the vendor kernels (when the platform wants them); deferred
     # the same way.

@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-WORKER_EXTENSION = "vllm_kunlun.serving_info.ServingInfo"
+WORKER_EXTENSION = "vllm_kunlun.demo.serving_info.ServingInfo"
 SERVING_INFO_METHOD = "vllm_kunlun_serving_info"
 
 

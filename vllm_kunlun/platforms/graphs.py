@@ -32,8 +32,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from vllm_kunlun.config_defaults import _set
 from vllm_kunlun.logger import init_logger
+from vllm_kunlun.platforms.kunlun_defaults import _set
 from vllm_kunlun.versions import install_hint
 
 if TYPE_CHECKING:
@@ -100,7 +100,7 @@ def missing_patches(
 
 def blocker(vllm_config: VllmConfig) -> tuple[str, str] | None:
     """(why graphs cannot run, the fix), or None when nothing stands in the way."""
-    from vllm_kunlun import native
+    from vllm_kunlun.ops import native
     from vllm_kunlun.patching import weak_ref
 
     parallel = vllm_config.parallel_config

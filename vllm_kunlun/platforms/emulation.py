@@ -19,7 +19,7 @@ from vllm.v1.attention.backends.registry import AttentionBackendEnum
 
 from vllm_kunlun import envs
 from vllm_kunlun.logger import init_logger
-from vllm_kunlun.platform import KunlunPlatformBase
+from vllm_kunlun.platforms.kunlun import KunlunPlatformBase
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
@@ -98,9 +98,9 @@ class KunlunHostEmulationPlatform(KunlunPlatformBase):
     # ---- configuration --------------------------------------------------------------
     @classmethod
     def check_and_update_config(cls, vllm_config: VllmConfig) -> None:
-        from vllm_kunlun.config_defaults import apply_kunlun_defaults
-        from vllm_kunlun.emulation_defaults import apply_emulation_defaults
-        from vllm_kunlun.guards import stack_guard
+        from vllm_kunlun.guards.engine_checks import stack_guard
+        from vllm_kunlun.platforms.emulation_defaults import apply_emulation_defaults
+        from vllm_kunlun.platforms.kunlun_defaults import apply_kunlun_defaults
 
         apply_emulation_defaults(vllm_config)
         # Then the same defaults and engine-start guards as on Kunlun (fusion passes

@@ -124,7 +124,7 @@ def quantize_checkpoint(
     """
     from safetensors.torch import load_file, save
 
-    from vllm_kunlun.tiny_model import write_atomic
+    from vllm_kunlun.demo.tiny_model import write_atomic
 
     out = Path(directory)
     config_path = out / "config.json"
@@ -144,7 +144,7 @@ def write_tiny_w8a8(directory: str | os.PathLike[str]) -> Path:
     """The tiny Qwen3, quantized to W8A8-INT8 dynamic (``lm_head`` stays float)."""
     from safetensors import safe_open
 
-    from vllm_kunlun.tiny_model import MARKER, write_atomic, write_tiny_model
+    from vllm_kunlun.demo.tiny_model import MARKER, write_atomic, write_tiny_model
 
     out = write_tiny_model(directory)
     marker = json.loads((out / MARKER).read_text())

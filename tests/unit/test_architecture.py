@@ -1,0 +1,84 @@
+"""docs/architecture.md's import rules, enforced: each package of vllm_kunlun imports
+only the layers the document allows (every import statement, at any depth)."""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+PACKAGE = REPO / "vllm_kunlun"
+DOC = REPO / "docs" / "architecture.md"
+FOUNDATION = {"envs", "versions", "logger"}
+
+
+def _group(module: str) -> str:
+    parts = module.split(".")
+    if len(parts) == 1:
+        return "vllm_kunlun"  # the entry points
+    return "foundation" if parts[1] in FOUNDATION else parts[1]
+
+
+def _module_of(path: Path) -> str:
+    rel = path.relative_to(REPO).with_suffix("").parts
+    return ".".join(rel[:-1] if rel[-1] == "__init__" else rel)
+
+
+def documented_rules() -> dict[str, set[str]]:
+    """The table in docs/architecture.md: | `layer` | may import | ..."""
+    rules = {}
+    for line in DOC.read_text().splitlines():
+        m = re.match(r"\|\s*`([\w_]+)/?`\s*\|\s*([^|]*)\|", line)
+        if m:
+            allowed = set(re.findall(r"`([\w_]+)/?`", m.group(2)))
+            rules[m.group(1)] = allowed | {m.group(1), "foundation"}
+    return rules
+
+
+def imports() -> list[tuple[str, str, str]]:
+    """(importing group, imported group, where) for every plugin-internal import."""
+    found = []
+    for path in PACKAGE.rglob("*.py"):
+        src = _group(_module_of(path))
+        for node in ast.walk(ast.parse(path.read_text())):
+            names: list[str] = []
+            if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                names = [node.module]
+                if node.module == "vllm_kunlun":
+                    names = [f"vllm_kunlun.{a.name}" for a in node.names]
+            elif isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            for name in names:
+                if name == "vllm_kunlun.platforms":
+                    continue  # the selection API: names and two functions, any layer
+                if (
+                    name.startswith("vllm_kunlun.")
+                    and name != "vllm_kunlun.__version__"
+                ):
+                    dst = _group(name)
+                    if dst != src:
+                        found.append(
+                            (src, dst, f"{path.relative_to(REPO)}:{node.lineno}")
+                        )
+    return found
+
+
+def test_every_package_is_in_the_table() -> None:
+    rules = documented_rules()
+    packages = {p.name for p in PACKAGE.iterdir() if (p / "__init__.py").is_file()}
+    assert packages | {"foundation", "vllm_kunlun"} == set(rules)
+
+
+def test_imports_follow_the_documented_layers() -> None:
+    rules = documented_rules()
+    offenders = [
+        f"{where}: {src} imports {dst}"
+        for src, dst, where in imports()
+        if dst not in rules[src]
+    ]
+    assert offenders == []
+
+
+def test_the_foundation_imports_nothing_of_the_plugin() -> None:
+    assert [w for s, d, w in imports() if s == "foundation" and d != "foundation"] == []

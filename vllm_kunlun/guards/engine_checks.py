@@ -1,0 +1,118 @@
+"""Engine-start checks: the doctor's checks, run while a vllm-kunlun platform starts an
+engine, so that the engine refuses early with the doctor's words instead of failing an
+hour later with a traceback.
+
+- Stack (doctor check ``stack_versions``): a release known to break the stack
+  (transformers >= 5.5: no ``Qwen2VLImageProcessor.max_pixels``) raises; other
+  mismatches warn once.
+- KV / state budget (doctor check ``kv_budget``): warns with the arithmetic and the
+  largest safe ``--gpu-memory-utilization``.
+Both run from ``KunlunPlatformBase.check_and_update_config`` (``check_engine_config``).
+The model path is guarded by a runtime patch (``guards/model_path.py``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from vllm_kunlun.doctor.budget import (
+    DEFAULT_RESERVE_GIB,
+    P800_MEMORY_BYTES,
+    Budget,
+    ModelShape,
+    estimate,
+    to_finding,
+    weights_bytes_per_card,
+)
+from vllm_kunlun.doctor.stack import stack_status
+from vllm_kunlun.logger import init_logger
+from vllm_kunlun.versions import installed_version
+
+if TYPE_CHECKING:
+    from vllm.config import VllmConfig
+
+logger = init_logger(__name__)
+
+
+class StackError(RuntimeError):
+    """An installed component release known to break the validated stack."""
+
+
+def stack_guard(installed: Callable[[str], str | None] = installed_version) -> None:
+    for check in stack_status(installed):
+        comp = check.component
+        if check.installed and comp.is_known_broken(check.installed):
+            raise StackError(
+                f"vllm-kunlun: {comp.name} {check.installed} is known to break this "
+                f"stack ({comp.note}). Fix: {comp.install}"
+            )
+        if check.status in ("mismatch", "missing"):
+            logger.warning_once(
+                "vllm-kunlun: %s %s is not the validated %s; if the engine misbehaves "
+                "install it: %s",
+                comp.name,
+                check.installed or "(not installed)",
+                comp.validated,
+                comp.install,
+            )
+
+
+def engine_budget(vllm_config: VllmConfig) -> Budget | None:
+    """The doctor's budget estimate for the engine about to start (None: not
+    applicable: no local config, or an explicit --kv-cache-memory-bytes)."""
+    model_config = vllm_config.model_config
+    cache = vllm_config.cache_config
+    if model_config is None or getattr(cache, "kv_cache_memory_bytes", None):
+        return None
+    shape = ModelShape.from_config(model_config.hf_config.to_dict())
+    shape = dataclasses.replace(
+        shape,
+        dtype=str(model_config.dtype).replace("torch.", ""),
+        block_size=int(getattr(cache, "block_size", None) or 0),
+    ).with_mamba_cache_dtype(str(getattr(cache, "mamba_cache_dtype", "auto")))
+    from vllm.platforms import current_platform
+
+    try:
+        device = int(current_platform.get_device_total_memory())
+    except Exception as exc:
+        logger.debug("vllm-kunlun: device memory unknown (%s); assuming a P800", exc)
+        device = P800_MEMORY_BYTES
+    tp = vllm_config.parallel_config.tensor_parallel_size
+    path = str(model_config.model)
+    return estimate(
+        shape,
+        device_bytes=device,
+        utilization=cache.gpu_memory_utilization,
+        tp=tp,
+        max_num_seqs=vllm_config.scheduler_config.max_num_seqs,
+        weights_bytes=weights_bytes_per_card(path, tp) if os.path.isdir(path) else None,
+        reserve_gib=DEFAULT_RESERVE_GIB,
+    )
+
+
+def budget_guard(vllm_config: VllmConfig) -> None:
+    budget = engine_budget(vllm_config)
+    if budget is None:
+        return
+    finding = to_finding(budget, {})
+    if finding.status == "ok":
+        logger.debug("vllm-kunlun: memory budget: %s", finding.cause)
+        return
+    logger.warning_once(
+        "vllm-kunlun: memory budget: %s. Fix: %s\n  %s",
+        finding.cause,
+        finding.fix,
+        "\n  ".join(finding.details["arithmetic"]),
+    )
+
+
+def check_engine_config(vllm_config: VllmConfig) -> None:
+    """Called from the platform's check_and_update_config."""
+    stack_guard()
+    try:
+        budget_guard(vllm_config)
+    except Exception as exc:  # an estimate must never stop an engine
+        logger.warning_once("vllm-kunlun: memory budget estimate failed: %s", exc)
