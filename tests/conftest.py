@@ -22,7 +22,13 @@ REPO = Path(__file__).resolve().parent.parent
 FAKES = REPO / "tests" / "fakes"
 
 # Variables that would change plugin or vLLM behaviour in a child process.
-_SCRUB = ("VLLM_PLUGINS", "VLLM_KUNLUN_", "FAKE_", "XPU_VISIBLE_DEVICES")
+_SCRUB = (
+    "VLLM_PLUGINS",
+    "VLLM_KUNLUN_",
+    "FAKE_",
+    "XPU_VISIBLE_DEVICES",
+    "VLLM_LOGGING_STREAM",  # a --json run in this process sets it for its children
+)
 
 
 def child_env(

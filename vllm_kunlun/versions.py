@@ -102,9 +102,13 @@ VENDOR_LIBS_HINT = (
     f"({label('kunlun_ops')}, {label('xspeedgate_ops')})"
 )
 
-REINSTALL_VLLM = (
-    f"pip install --no-deps --force-reinstall vllm=={validated_version('vllm')}"
-)
+
+def reinstall_vllm(version: str | None = None) -> str:
+    """The command that puts back pristine vLLM files (default: the validated vLLM)."""
+    return f"pip install --no-deps --force-reinstall vllm=={version or validated_version('vllm')}"
+
+
+REINSTALL_VLLM = reinstall_vllm()
 """Restores pristine vLLM files (drift, a half-applied patch set)."""
 
 WRITTEN_FOR_VLLM = (

@@ -132,7 +132,9 @@ def test_a_changed_upstream_is_named_not_patched(
         "TopKTopPSampler.forward_native takes ('self', 'logits', 'generators', 'k', "
         "'p', 'extra'), expected ('self', 'logits', 'generators', 'k', 'p')"
     )
-    with pytest.raises(patches.PatchMismatch, match=r"install vllm==0\.15\.1"):
+    with pytest.raises(
+        patches.PatchMismatch, match=r"pip install --no-deps vllm==0\.15\.1"
+    ):
         patch.apply()
     assert sampler.TopKTopPSampler is Other and not patch.applied()
 

@@ -102,7 +102,7 @@ def test_text_mode_prints_the_report_and_logs_to_the_named_file(
         print("INFO 12-01 00:00:00 [core.py:1] an engine log line")
         return _report()
 
-    monkeypatch.setattr("vllm_kunlun.demo.run_demo", engine)
+    monkeypatch.setattr("vllm_kunlun.demo.run.run_demo", engine)
     assert run_demo_command(_demo_args(tmp_path)) == 0
     out = capsys.readouterr().out
     assert f"vLLM's log: {tmp_path / 'demo.log'} (-v shows it here)" in out
@@ -118,7 +118,7 @@ def test_a_failed_run_shows_the_end_of_the_log(
         print("ERROR the reason the engine died")
         raise RuntimeError("Engine core initialization failed")
 
-    monkeypatch.setattr("vllm_kunlun.demo.run_demo", engine)
+    monkeypatch.setattr("vllm_kunlun.demo.run.run_demo", engine)
     with pytest.raises(RuntimeError, match="initialization failed"):
         run_demo_command(_demo_args(tmp_path))
     captured = capsys.readouterr()
@@ -134,7 +134,7 @@ def test_verbose_leaves_the_log_where_vllm_puts_it(
         print("INFO an engine log line")
         return _report()
 
-    monkeypatch.setattr("vllm_kunlun.demo.run_demo", engine)
+    monkeypatch.setattr("vllm_kunlun.demo.run.run_demo", engine)
     assert run_demo_command(_demo_args(tmp_path, "-v")) == 0
     assert "INFO an engine log line" in capsys.readouterr().out
     assert not (tmp_path / "demo.log").exists()

@@ -28,12 +28,13 @@ def test_both_named_is_ok() -> None:
     assert check_plugins(Context(), environ=env, ours=OURS).status == "ok"
 
 
-def test_general_plugin_left_out_fails_with_the_fix() -> None:
-    """The issue-16 case: VLLM_PLUGINS=kunlun keeps vLLM's CPU exponential_ sampler."""
+def test_general_plugin_left_out_warns_with_the_fix() -> None:
+    """VLLM_PLUGINS=kunlun: the workers sample on the device anyway (the worker applies
+    the runtime fixes), but the front end loses its engine-start guards."""
     f = check_plugins(Context(), environ={"VLLM_PLUGINS": "kunlun"}, ours=OURS)
-    assert f.status == "fail"
+    assert f.status == "warn"
     assert "kunlun_runtime_fixes (vllm.general_plugins)" in f.cause
-    assert "exponential_ runs on the CPU" in f.cause
+    assert "without the engine-start guards" in f.cause
     assert f.fix.startswith("export VLLM_PLUGINS=kunlun,kunlun_runtime_fixes ")
     assert f.details["missing"] == ["kunlun_runtime_fixes"]
 
@@ -54,7 +55,7 @@ def test_empty_or_foreign_list_leaves_both_out(raw: str) -> None:
 def test_spaces_are_not_trimmed_by_vllm_and_are_pointed_out() -> None:
     env = {"VLLM_PLUGINS": "kunlun, kunlun_runtime_fixes"}
     f = check_plugins(Context(), environ=env, ours=OURS)
-    assert f.status == "fail" and "does not trim spaces" in f.cause
+    assert f.status == "warn" and "does not trim spaces" in f.cause
     assert "export VLLM_PLUGINS=kunlun,kunlun_runtime_fixes " in f.fix
 
 

@@ -361,7 +361,8 @@ def test_kunlun_falls_back_to_triton_with_the_reason(
     assert KunlunPlatform.get_attn_backend_cls(None, selector()) == triton
     assert attention.select_kunlun(selector()) == (
         None,
-        "kunlun_ops (0.1.58) has no prefill_attention",
+        "kunlun_ops (0.1.58) has no prefill_attention (the validated kunlun_ops "
+        "0.1.58 has it)",
     )
 
 

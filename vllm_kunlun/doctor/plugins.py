@@ -3,10 +3,10 @@
 Why: when ``VLLM_PLUGINS`` is set, vLLM loads only the plugins it names (the value split
 on commas, names compared exactly, no trimming), in every group. Leaving out the
 platform plugin (``vllm.platform_plugins``) means vLLM never picks the Kunlun platform
-(or host emulation). Leaving out the general plugin (``vllm.general_plugins``) means
-the runtime fixes do not load in every process: on Kunlun, workers keep vLLM's own
-sampler, whose ``exponential_`` runs on the CPU (the deployment's decode stall), with
-only a warning in the log. The entry point names are read from the installed metadata,
+(or host emulation): a failure. Leaving out the general plugin
+(``vllm.general_plugins``) means the front-end processes run without the engine-start
+guards (a missing local model path, out-of-range prompt token ids): a warning. The
+workers are not affected: the plugin's worker applies the runtime fixes itself. The entry point names are read from the installed metadata,
 so the check follows setup.py.
 """
 
@@ -23,8 +23,8 @@ GENERAL_GROUP = "vllm.general_plugins"
 
 _CONSEQUENCE = {
     PLATFORM_GROUP: "vLLM never picks the Kunlun platform (nor host emulation)",
-    GENERAL_GROUP: "the runtime fixes do not load in every process (on Kunlun, "
-    "workers keep vLLM's own sampler, whose exponential_ runs on the CPU)",
+    GENERAL_GROUP: "the front end runs without the engine-start guards (missing "
+    "model path, out-of-range token ids); the workers still sample on the device",
 }
 
 
@@ -86,7 +86,7 @@ def check_plugins(
         )
     return Finding(
         "plugins",
-        "fail",
+        "fail" if PLATFORM_GROUP in missing.values() else "warn",
         cause,
         f"export VLLM_PLUGINS={fixed} (or unset VLLM_PLUGINS to load every plugin)",
         {**details, "missing": sorted(missing)},

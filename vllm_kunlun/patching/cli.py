@@ -162,6 +162,7 @@ def _emit(args: argparse.Namespace, payload: dict[str, Any], text: str) -> None:
 
 def _render_status(report: Any, args: argparse.Namespace) -> str:
     from vllm_kunlun.patching.engine import patch_command
+    from vllm_kunlun.versions import reinstall_vllm
 
     apply_cmd = patch_command("apply", args.root, args.patches)
     ps = report.patch_set
@@ -190,10 +191,7 @@ def _render_status(report: Any, args: argparse.Namespace) -> str:
             if args.root is not None
             else ""
         )
-        summary += (
-            f". Fix: pip install --no-deps --force-reinstall vllm=={ps.vllm_version}"
-            f"{where}, then {apply_cmd}"
-        )
+        summary += f". Fix: {reinstall_vllm(ps.vllm_version)}{where}, then {apply_cmd}"
     elif report.pair_problem is None and (
         report.applied < report.total or report.leftovers
     ):

@@ -47,6 +47,7 @@ from vllm_kunlun.patching.patchset import (
     load_patch_set,
     sha256_bytes,
 )
+from vllm_kunlun.versions import reinstall_vllm, release
 
 logger = logging.getLogger(f"vllm.{__name__}")
 
@@ -92,8 +93,7 @@ def reinstall_fix(
         else ""
     )
     return (
-        f"reinstall the pristine files{where} (`pip install --no-deps "
-        f"--force-reinstall vllm=={vllm}`), then run "
+        f"reinstall the pristine files{where} (`{reinstall_vllm(vllm)}`), then run "
         f"`{patch_command('apply', root, patch_dir)}`"
     )
 
@@ -283,7 +283,7 @@ def installed_torch_version() -> str | None:
 
 
 def _release(version: str | None) -> str | None:
-    return version.split("+")[0] if version else None
+    return release(version) if version else None
 
 
 def _pair_problem(
@@ -466,8 +466,8 @@ def _refuse_drift(
             else ""
         )
         fix = (
-            f"reinstall the pristine files{where} (`pip install --no-deps "
-            f"--force-reinstall vllm=={vllm}`; that is the revert)"
+            f"reinstall the pristine files{where} (`{reinstall_vllm(vllm)}`; that is "
+            "the revert)"
         )
     raise PatchRefused(f.path, reason, fix)
 
