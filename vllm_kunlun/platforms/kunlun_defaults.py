@@ -57,7 +57,8 @@ def apply_kunlun_defaults(vllm_config: VllmConfig) -> None:
             parallel,
             "worker_cls",
             WORKER_CLS,
-            "vLLM's CUDA-compat GPU worker, registering the plugin's models",
+            "vLLM's CUDA-compat GPU worker; it applies the plugin's runtime fixes and "
+            "registers its models before anything is built",
         )
 
     cache = vllm_config.cache_config
