@@ -75,8 +75,7 @@ def test_each_entry_says_why_and_when_it_can_go() -> None:
 
 
 def test_state_follows_the_live_patch() -> None:
-    from vllm_kunlun.patching import wrap_triton  # noqa: F401  (imported for states)
-    from vllm_kunlun.sample import patches
+    from vllm_kunlun.sample import patches  # noqa: F401  (the entry's module)
 
     entry = registry.BY_NAME["kunlun_topk_topp_sampler"]
     (patch,) = registry.live_patches(entry)
@@ -89,7 +88,25 @@ def test_state_follows_the_live_patch() -> None:
     finally:
         if not was:
             patch.revert()
-    assert patches.PATCHES  # the module the registry names defines it
+
+
+def test_an_applied_patch_still_reports_no_mismatch() -> None:
+    """What the doctor asks after the worker applied them: each check vets the object
+    it replaced, and sees through another patch's wrapper (the TP broadcast wraps
+    ``rejection_sample``, which the recovered-token check inspects)."""
+    from vllm_kunlun.patching.attribute import apply_group
+    from vllm_kunlun.sample import patches
+
+    ours = [p for p in patches.PATCHES if not p.applied()]
+    try:
+        for p in patches.PATCHES:
+            apply_group((p,))
+        assert {p.name: p.mismatch() for p in patches.PATCHES} == {
+            p.name: None for p in patches.PATCHES
+        }
+    finally:
+        for p in reversed(ours):
+            p.revert()
 
 
 def test_patch_status_and_doctor_list_every_runtime_patch(

@@ -45,12 +45,16 @@ class AttributePatch:
         return self._active
 
     def mismatch(self) -> str | None:
-        """Why the installed vLLM does not look like what this patch expects, or None."""
+        """Why the installed vLLM does not look like what this patch expects, or None.
+
+        Once applied, the check vets the object this patch replaced, not its own
+        replacement: asking an applied patch (the doctor does) must not report drift.
+        """
         try:
             module = importlib.import_module(self.module)
         except Exception as exc:
             return f"{self.module} does not import ({type(exc).__name__}: {exc})"
-        original = _lookup(module, self.attr)
+        original = self._original if self._active else _lookup(module, self.attr)
         if original is _MISSING:
             if not self.may_be_absent:
                 return f"{self.target} does not exist"
@@ -162,6 +166,9 @@ def expect_params(fn: Any, what: str, expected: tuple[str, ...]) -> str | None:
 
 
 def expect_call(fn: Any, what: str, name: str) -> str | None:
+    """``fn`` (or what it wraps: another patch may have wrapped it) calls ``name``."""
+    if fn is not None:
+        fn = inspect.unwrap(fn)
     code = getattr(fn, "__code__", None)
     if code is None or name not in code.co_names:
         return f"{what} no longer calls {name} by its module-level name"
