@@ -126,34 +126,39 @@ def run_probe(sampler: Any, device: torch.device, device_note: str) -> ProbeResu
     return result
 
 
-PLATFORM_PLUGIN = "kunlun"  # setup.py: vllm.platform_plugins
-
-
-def worker_sampler(ours: bool) -> tuple[type | None, str]:
+def worker_sampler(ours: bool) -> tuple[type | None, str, str | None]:
     """The top-k/top-p sampler class a model runner in this environment would build,
-    and how we know: the plugin list vLLM will load, then the worker the platform
-    selects, which prepares its process (runtime fixes) before building the model."""
+    how we know, and the fix when the plugin list vLLM loads is why it is not ours:
+    first that list, then the worker the platform selects, which prepares its process
+    (runtime fixes) before building the model."""
     import vllm.envs
     from vllm.platforms import current_platform
 
+    from vllm_kunlun.doctor.plugins import PLATFORM_GROUP, our_entry_points
+
     plugins = vllm.envs.VLLM_PLUGINS
-    if plugins is not None and PLATFORM_PLUGIN not in plugins:
-        return None, (
+    platform_plugins = [n for n, g in our_entry_points().items() if g == PLATFORM_GROUP]
+    if plugins is not None and not set(platform_plugins) & set(plugins):
+        allowed = ",".join(dict.fromkeys([*plugins, *platform_plugins]))
+        return (
+            None,
             f"VLLM_PLUGINS={','.join(plugins)} leaves out the platform plugin "
-            f"{PLATFORM_PLUGIN!r}: vLLM never activates a vllm-kunlun platform"
+            f"{', '.join(map(repr, platform_plugins))}: vLLM never activates a "
+            "vllm-kunlun platform",
+            f"export VLLM_PLUGINS={allowed} (or unset VLLM_PLUGINS)",
         )
     if not ours:
-        return None, "no vllm-kunlun platform is active in this environment"
+        return None, "no vllm-kunlun platform is active in this environment", None
     from vllm.v1.sample.sampler import Sampler
 
     from vllm_kunlun.platforms import emulation_defaults, kunlun_defaults
     from vllm_kunlun.platforms.emulation import KunlunHostEmulationPlatform
-    from vllm_kunlun.platforms.worker import prepare_model_process
+    from vllm_kunlun.platforms.runtime_fixes import prepare_model_process
 
     emulated = isinstance(current_platform, KunlunHostEmulationPlatform)
     worker = (emulation_defaults if emulated else kunlun_defaults).WORKER_CLS
     prepare_model_process()  # what KunlunWorker / EmulationWorker run first
-    return type(Sampler().topk_topp_sampler), f"{worker} prepares its process"
+    return type(Sampler().topk_topp_sampler), f"{worker} prepares its process", None
 
 
 def _platform() -> tuple[str, bool]:
@@ -177,7 +182,7 @@ def check_sampler_path(ctx: Context) -> Finding:
 
     platform, ours = _platform()
     device, note = probe_device()
-    built, how = worker_sampler(ours)
+    built, how, plugins_fix = worker_sampler(ours)
     details: dict[str, Any] = {
         "platform": platform,
         "kunlun_platform": ours,
@@ -185,14 +190,13 @@ def check_sampler_path(ctx: Context) -> Finding:
         "worker_sampler": None if built is None else built.__name__,
         "worker_sampler_source": how,
     }
-    if built is None and "VLLM_PLUGINS" in how:
+    if plugins_fix is not None:
         return Finding(
             "sampler_path",
             "fail" if probe_devices().count > 0 else "warn",
             f"{how}; the workers would run vLLM's own sampler "
             "(TopKTopPSampler.forward_native: Tensor.exponential_ on the CPU on Kunlun)",
-            f"add {PLATFORM_PLUGIN} to VLLM_PLUGINS (e.g. "
-            f"VLLM_PLUGINS={PLATFORM_PLUGIN},kunlun_runtime_fixes) or unset it",
+            plugins_fix,
             details,
         )
     if built is not None and built is not KunlunTopKTopPSampler:
