@@ -74,17 +74,15 @@ def register_runtime_fixes() -> None:
 
     logger = init_logger(__name__)
     try:
-        from vllm_kunlun.platforms.kunlun import KunlunPlatformBase
+        from vllm_kunlun.platforms import active_plugin_platform
 
-        if not isinstance(current_platform, KunlunPlatformBase):
+        if active_plugin_platform() is None:
             return
         from vllm_kunlun.guards import token_ids
         from vllm_kunlun.guards.model_path import install as install_guards
-        from vllm_kunlun.models import register_models
-        from vllm_kunlun.platforms.runtime_fixes import apply_runtime_fixes
+        from vllm_kunlun.platforms.runtime_fixes import prepare_model_process
 
-        apply_runtime_fixes()
-        register_models()
+        prepare_model_process()
         # vLLM loads general plugins at the top of EngineArgs.__post_init__, before it
         # resolves the model path, and only from inside functions: arg_utils is fully
         # imported here, which the platform's __init__ cannot rely on.

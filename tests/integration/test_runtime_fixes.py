@@ -43,7 +43,7 @@ from vllm.platforms import current_platform
 assert type(current_platform).__name__ == "KunlunPlatform", current_platform
 from vllm.v1.sample.sampler import Sampler
 before = type(Sampler().topk_topp_sampler).__name__
-from vllm_kunlun.platforms.worker import prepare_model_process
+from vllm_kunlun.platforms.runtime_fixes import prepare_model_process
 prepare_model_process()  # what KunlunWorker.__init__ runs first
 after = type(Sampler().topk_topp_sampler).__name__
 print("SAMPLERS", before, after)

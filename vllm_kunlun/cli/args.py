@@ -46,36 +46,28 @@ def int_range(minimum: int, maximum: int) -> Callable[[str], int]:
     return parse
 
 
-def positive_float(maximum: float = math.inf) -> Callable[[str], float]:
-    """A finite number > 0 (and <= maximum)."""
-
+def _float_from_zero(zero_ok: bool, maximum: float) -> Callable[[str], float]:
     def parse(raw: str) -> float:
         value = _number(raw)
-        if not 0 < value <= maximum:
+        if not (value >= 0 if zero_ok else value > 0) or value > maximum:
             raise argparse.ArgumentTypeError(
-                f"{raw} is not a number > 0"
+                f"{raw} is not a number {'>=' if zero_ok else '>'} 0"
                 + (f" and <= {maximum:g}" if math.isfinite(maximum) else "")
             )
         return value
 
-    parse.__name__ = "number"
+    parse.__name__ = "number"  # argparse names the type in "invalid <name> value"
     return parse
+
+
+def positive_float(maximum: float = math.inf) -> Callable[[str], float]:
+    """A finite number > 0 (and <= maximum)."""
+    return _float_from_zero(False, maximum)
 
 
 def non_negative_float(maximum: float = math.inf) -> Callable[[str], float]:
     """A finite number >= 0 (and <= maximum)."""
-
-    def parse(raw: str) -> float:
-        value = _number(raw)
-        if not 0 <= value <= maximum:
-            raise argparse.ArgumentTypeError(
-                f"{raw} is not a number >= 0"
-                + (f" and <= {maximum:g}" if math.isfinite(maximum) else "")
-            )
-        return value
-
-    parse.__name__ = "number"
-    return parse
+    return _float_from_zero(True, maximum)
 
 
 def fraction(raw: str) -> float:

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 from vllm_kunlun import envs
 from vllm_kunlun.logger import init_logger
-from vllm_kunlun.platforms.kunlun_defaults import _set
+from vllm_kunlun.platforms.kunlun_defaults import _set, default_worker
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
@@ -41,14 +41,12 @@ def apply_emulation_defaults(vllm_config: VllmConfig) -> None:
             "a real device)."
         )
 
-    parallel = vllm_config.parallel_config
-    if parallel.worker_cls == "auto":
-        _set(
-            parallel,
-            "worker_cls",
-            WORKER_CLS,
-            "vLLM's CPU worker and model runner, adapted to run without vllm._C",
-        )
+    default_worker(
+        vllm_config,
+        WORKER_CLS,
+        "vLLM's CPU worker and model runner, adapted to run without vllm._C; it "
+        "applies the plugin's runtime fixes and registers its models first",
+    )
 
     cache = vllm_config.cache_config
     if cache.block_size is None:

@@ -11,7 +11,7 @@ Why, each measured on vLLM 0.15.1 + torch 2.5.1 without ``vllm._C``:
   offset"). Ours saves the generator state before sampling and restores it instead, so
   a seeded request draws the same tokens however its prompt was chunked.
 Like ``KunlunWorker`` it applies the runtime fixes and registers the plugin's models in
-the process that builds the model (``worker.prepare_model_process``).
+the process that builds the model (``runtime_fixes.prepare_model_process``).
 Selected by the emulation platform as ``worker_cls``; removal: when vLLM's CPU runner
 handles CPU generators itself.
 """
@@ -26,7 +26,7 @@ import torch
 from vllm.v1.worker.cpu_model_runner import CPUModelRunner
 from vllm.v1.worker.cpu_worker import CPUWorker
 
-from vllm_kunlun.platforms.worker import prepare_model_process
+from vllm_kunlun.platforms.runtime_fixes import prepare_model_process
 
 
 class EmulationModelRunner(CPUModelRunner):

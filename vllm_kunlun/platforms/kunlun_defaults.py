@@ -45,21 +45,24 @@ def _set(obj: Any, field: str, value: Any, why: str) -> None:
     )
 
 
+def default_worker(vllm_config: VllmConfig, worker_cls: str, why: str) -> None:
+    """The platform's worker unless the user chose one (``--worker-cls``)."""
+    if vllm_config.parallel_config.worker_cls == "auto":
+        _set(vllm_config.parallel_config, "worker_cls", worker_cls, why)
+
+
 def apply_kunlun_defaults(vllm_config: VllmConfig) -> None:
     from vllm_kunlun.patching.engine import warn_if_not_applied
     from vllm_kunlun.platforms.runtime_fixes import warn_if_general_plugin_filtered
 
     warn_if_not_applied()  # once per process; names the fix `vllm-kunlun patch apply`
     warn_if_general_plugin_filtered()
-    parallel = vllm_config.parallel_config
-    if parallel.worker_cls == "auto":
-        _set(
-            parallel,
-            "worker_cls",
-            WORKER_CLS,
-            "vLLM's CUDA-compat GPU worker; it applies the plugin's runtime fixes and "
-            "registers its models before anything is built",
-        )
+    default_worker(
+        vllm_config,
+        WORKER_CLS,
+        "vLLM's CUDA-compat GPU worker; it applies the plugin's runtime fixes and "
+        "registers its models before anything is built",
+    )
 
     cache = vllm_config.cache_config
     if cache is not None and cache.block_size is None:

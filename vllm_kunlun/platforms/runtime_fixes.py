@@ -59,13 +59,25 @@ def apply_runtime_fixes() -> None:
     custom_ops.register_all()
 
 
+def prepare_model_process() -> None:
+    """Runtime fixes and model registrations, in a process about to build a model.
+
+    Idempotent. Both of the plugin's workers call it first thing (independently of
+    ``VLLM_PLUGINS``), and the general plugin calls it in the front-end processes.
+    """
+    from vllm_kunlun.models import register_models
+
+    apply_runtime_fixes()
+    register_models()
+
+
 GENERAL_PLUGIN = "kunlun_runtime_fixes"
 
 
 def warn_if_general_plugin_filtered() -> bool:
     """Warn (once) when VLLM_PLUGINS keeps our general plugin out; True if it does.
 
-    The workers apply the sampling patches themselves (``worker.prepare_model_process``),
+    The workers apply the sampling patches themselves (``runtime_fixes.prepare_model_process``),
     but the front end then runs without the engine-start guards (model path, token ids).
     """
     import vllm.envs

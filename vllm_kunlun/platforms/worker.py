@@ -18,17 +18,7 @@ from typing import Any
 
 from vllm.v1.worker.gpu_worker import Worker
 
-
-def prepare_model_process() -> None:
-    """Runtime fixes and model registrations, in the process about to build a model.
-
-    Idempotent; both of the plugin's workers call it first thing.
-    """
-    from vllm_kunlun.models import register_models
-    from vllm_kunlun.platforms.runtime_fixes import apply_runtime_fixes
-
-    apply_runtime_fixes()
-    register_models()
+from vllm_kunlun.platforms.runtime_fixes import prepare_model_process
 
 
 class KunlunWorker(Worker):
