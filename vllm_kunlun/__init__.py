@@ -9,11 +9,14 @@ from __future__ import annotations
 
 __version__ = "0.1.0"
 
-# vLLM 0.15.1 on torch 2.5.1 logs these in every process; each is expected and harmless
+from vllm_kunlun.versions import validated_version
+
+# The validated vLLM on the validated torch logs these in every process; each is expected and harmless
 # here (README.md, "Messages you can ignore", says why). Said once per process, before
 # they appear, so that nobody debugs them.
 KNOWN_MESSAGES_LINE = (
-    'vllm-kunlun: expected on vLLM 0.15.1 + torch 2.5.1, harmless: WARNING "Failed to '
+    f"vllm-kunlun: expected on vLLM {validated_version('vllm')} + torch "
+    f'{validated_version("torch")}, harmless: WARNING "Failed to '
     "import from vllm._C\" (vLLM's CUDA kernels; the plugin uses none of them), ERROR "
     '"Failed to import Triton kernels ... triton.language.target_info" (gpt-oss MoE '
     'kernels that need triton >= 3.4), "Triton is installed but 0 active driver(s)" '
