@@ -11,9 +11,9 @@ __version__ = "0.1.0"
 
 from vllm_kunlun.versions import validated_version
 
-# The validated vLLM on the validated torch logs these in every process; each is expected and harmless
-# here (README.md, "Messages you can ignore", says why). Said once per process, before
-# they appear, so that nobody debugs them.
+# The validated vLLM on the validated torch logs these in every process; each is
+# expected and harmless here (README.md, "Messages you can ignore", says why). Said once
+# per process, before they appear, so that nobody debugs them.
 KNOWN_MESSAGES_LINE = (
     f"vllm-kunlun: expected on vLLM {validated_version('vllm')} + torch "
     f'{validated_version("torch")}, harmless: WARNING "Failed to '
