@@ -256,6 +256,8 @@ def test_emulation_table_names_every_setting_emulation_makes() -> None:
     names = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.Call) and isinstance(node.func, ast.Name):
+            if node.func.id == "default_worker":  # sets parallel_config.worker_cls
+                names.add("worker_cls")
             position = {"_set": 1, "_set_env": 0}.get(node.func.id)
             if position is not None:
                 arg = node.args[position]
