@@ -49,7 +49,7 @@ def _ext_modules_and_cmdclass():
 
     ext = CppExtension(
         name="vllm_kunlun._native",
-        sources=["csrc/weak_ref_tensor.cpp"],
+        sources=["csrc/weak_ref_tensor.cpp", "csrc/sampling_cpu.cpp"],
         extra_compile_args=["-O2", "-g0"],
     )
     return [ext], {"build_ext": BuildExtension.with_options(use_ninja=True)}

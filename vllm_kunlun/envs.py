@@ -147,11 +147,13 @@ _VARS: dict[str, EnvVar] = {
         ),
         EnvVar(
             "VLLM_KUNLUN_SAMPLER",
-            _choice("auto", "vendor", "portable"),
+            _choice("auto", "vendor", "native", "portable"),
             "auto",
-            "Sampling kernels: auto (vendor when importable, else portable torch), "
-            "vendor (fail if the vendor op library is missing), portable.",
-            "auto, vendor, portable",
+            "Sampling kernels: auto (on a device the vendor kernel when importable, "
+            "else portable torch; on the CPU the plugin's native C++ kernel when built, "
+            "else portable torch), vendor (fail if the vendor op library is missing), "
+            "native (CPU only; fail if the extension lacks it), portable.",
+            "auto, vendor, native, portable",
         ),
         EnvVar(
             "VLLM_KUNLUN_INT8_MM",

@@ -19,6 +19,7 @@ import pytest
 from tests.conftest import REPO, child_env, run_python
 from vllm_kunlun.demo.run import DEFAULT_PROMPTS
 from vllm_kunlun.demo.tiny_model import vocabulary, write_tiny_model
+from vllm_kunlun.ops import sampling_native
 
 pytestmark = pytest.mark.slow
 
@@ -251,7 +252,9 @@ def test_serving_path_is_the_plugins(run1: dict) -> None:
     # The fakes are importable here, but without VLLM_KUNLUN_EMULATION_VENDOR=1 no
     # vendor path is taken: vLLM's CustomOps stay its own, no kernel route exists.
     assert info["custom_ops"] == {} and info["vendor_kernels"] == {}
-    assert info["sampling_kernels"].startswith("portable ")
+    # Logits on the CPU: the native kernel (the extension is built by the setup).
+    kernels = "native " if sampling_native.available()[0] else "portable "
+    assert info["sampling_kernels"].startswith(kernels)
     # An unquantized model: no quantized linear kernel, the int8 path untouched.
     assert info["linear_kernels"] == [] and info["int8_kernels"] is None
 

@@ -62,7 +62,7 @@ def test_platform_start_refuses_each_malformed_value(
     message = str(err.value)
     assert f"{name}={raw!r}" in message  # the variable and the value
     accepted_words = {  # and what it accepts
-        "VLLM_KUNLUN_SAMPLER": "auto, vendor, portable",
+        "VLLM_KUNLUN_SAMPLER": "auto, vendor, native, portable",
         "VLLM_KUNLUN_INT8_MM": "auto, vendor, portable",
         "VLLM_KUNLUN_GDN": "auto, vendor, triton, portable",
         "VLLM_KUNLUN_EMULATION_KV_CACHE_GIB": "positive number no larger than 1024",
@@ -117,7 +117,7 @@ def test_doctor_fails_on_a_malformed_value() -> None:
     )
     assert finding.status == "fail"
     assert "VLLM_KUNLUN_HOST_EMULATION='2' is not a boolean" in finding.cause
-    assert "VLLM_KUNLUN_SAMPLER to auto, vendor, portable" in finding.fix
+    assert "VLLM_KUNLUN_SAMPLER to auto, vendor, native, portable" in finding.fix
     assert set(finding.details["malformed"]) == {
         "VLLM_KUNLUN_HOST_EMULATION",
         "VLLM_KUNLUN_SAMPLER",

@@ -71,7 +71,7 @@ def test_tp_broadcast_is_on_or_off(monkeypatch: pytest.MonkeyPatch) -> None:
     ("name", "raw", "message"),
     [
         ("VLLM_KUNLUN_FORCE_PLATFORM", "2", "is not a boolean"),
-        ("VLLM_KUNLUN_SAMPLER", "gpu", "use one of: auto, vendor, portable"),
+        ("VLLM_KUNLUN_SAMPLER", "gpu", "use one of: auto, vendor, native, portable"),
         ("VLLM_KUNLUN_EMULATION_KV_CACHE_GIB", "-1", "must be a positive number"),
         ("VLLM_KUNLUN_EMULATION_KV_CACHE_GIB", "lots", "must be a positive number"),
         ("VLLM_KUNLUN_TP_SAMPLE_BROADCAST", "sometimes", "is not a boolean"),

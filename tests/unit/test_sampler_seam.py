@@ -42,9 +42,53 @@ def test_auto_uses_the_vendor_kernel_on_a_device(fake_ops: Any) -> None:
     assert "top_k_top_p_sampling_from_probs is available" in kernels.reason
 
 
-def test_auto_uses_portable_kernels_for_cpu_tensors(fake_ops: Any) -> None:
+@pytest.mark.skipif(
+    not sampling.native.available()[0], reason="native extension not built"
+)
+def test_auto_uses_the_native_kernel_for_cpu_tensors(fake_ops: Any) -> None:
     kernels = sampling.select_kernels(CPU)
-    assert (kernels.name, kernels.reason) == ("portable", "the logits are on the CPU")
+    assert (kernels.name, kernels.reason) == (
+        "native",
+        "the logits are on the CPU; torch.ops.vllm_kunlun.sample_rows loaded",
+    )
+    logits = torch.randn(300, 64)
+    tokens = kernels.sample_logits(logits, torch.full((300,), 3), None)
+    top3 = logits.topk(3, dim=-1).indices
+    assert (top3 == tokens.unsqueeze(1)).any(-1).all()
+    assert not fake_ops.CALLS
+
+
+def test_auto_without_the_native_kernel_uses_portable_and_says_why(
+    fake_ops: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(
+        sampling.native, "available", lambda: (False, "vllm_kunlun._native missing")
+    )
+    kernels = sampling.select_kernels(CPU)
+    assert (kernels.name, kernels.reason) == (
+        "portable",
+        "the logits are on the CPU; vllm_kunlun._native missing",
+    )
+
+
+def test_native_mode_fails_clearly_off_the_cpu_or_without_the_extension(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("VLLM_KUNLUN_SAMPLER", "native")
+    with pytest.raises(RuntimeError, match="runs on the CPU, but the logits are on"):
+        sampling.select_kernels(CUDA)
+    monkeypatch.setattr(
+        sampling.native, "available", lambda: (False, "vllm_kunlun._native missing")
+    )
+    with pytest.raises(RuntimeError, match=r"native, but vllm_kunlun\._native missing"):
+        sampling.select_kernels(CPU)
+
+
+def test_emulated_vendor_paths_keep_the_vendor_kernel_on_the_cpu(
+    fake_ops: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("VLLM_KUNLUN_EMULATION_VENDOR", "1")
+    assert sampling.select_kernels(CPU).name == "vendor"
 
 
 def test_auto_without_vendor_library_says_why(no_vendor: None) -> None:
@@ -73,16 +117,17 @@ def test_vendor_mode_without_vendor_library_fails_clearly(
         sampling.select_kernels(CUDA)
 
 
-def test_portable_mode_ignores_the_vendor_library(
+def test_portable_mode_ignores_the_vendor_library_and_the_native_kernel(
     fake_ops: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("VLLM_KUNLUN_SAMPLER", "portable")
     assert sampling.select_kernels(CUDA).name == "portable"
+    assert sampling.select_kernels(CPU).name == "portable"
 
 
 def test_bad_mode_is_rejected(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("VLLM_KUNLUN_SAMPLER", "flashinfer")
-    with pytest.raises(ValueError, match="auto, vendor, portable"):
+    with pytest.raises(ValueError, match="auto, vendor, native, portable"):
         sampling.select_kernels(CPU)
 
 

@@ -1,8 +1,8 @@
 """The plugin's native ops (``torch.ops.vllm_kunlun.*``, built from csrc/).
 
-The extension is optional at run time: without it, callers get ``None`` from
-``weak_ref_tensor`` support checks and the plugin says once what is missing and how to
-build it.
+The extension is optional at run time: without it, graph capture runs eager and the
+sampler on the CPU uses the portable torch kernels; the plugin says once what is missing
+and how to build it.
 """
 
 from __future__ import annotations
@@ -28,12 +28,26 @@ def load() -> bool:
     except ImportError as exc:
         logger.warning(
             "vllm-kunlun: native extension vllm_kunlun._native is not available (%s); "
-            "torch.ops.vllm_kunlun.weak_ref_tensor is missing. Fix: %s",
+            "torch.ops.vllm_kunlun.weak_ref_tensor and sample_rows are missing. Fix: %s",
             exc,
             _FIX,
         )
         return False
     return True
+
+
+def has_op(name: str) -> tuple[bool, str]:
+    """(True, what) when ``torch.ops.vllm_kunlun.<name>`` exists, else (False, why and
+    the fix): an extension built from an older checkout lacks newer ops."""
+    import torch
+
+    if not load():
+        return False, f"vllm_kunlun._native missing; {_FIX}"
+    if not hasattr(torch.ops.vllm_kunlun, name):
+        return False, (
+            f"vllm_kunlun._native has no {name} (built from an older checkout); {_FIX}"
+        )
+    return True, f"torch.ops.vllm_kunlun.{name} loaded"
 
 
 def status() -> tuple[bool, str]:

@@ -1,16 +1,19 @@
-"""The sampling kernel seam: the vendor's flashinfer-style kernel, or portable torch.
+"""The sampling kernel seam: the vendor's flashinfer-style kernel, the plugin's native
+CPU kernel, or portable torch.
 
 Why: on Kunlun, vLLM's native sampler draws its noise with ``Tensor.exponential_``,
 which has no device kernel and silently runs on the CPU (a 256 x 152K decode step took
 4.89 s with the device idle). The vendor op library ships flashinfer's sampling API;
 calling ``kunlun_ops.top_k_top_p_sampling_from_probs`` keeps sampling on the device.
-Where that library is missing (CPU, other CUDA devices, CI), the portable torch
-implementation in ``sampling_portable`` (flashinfer's sampling API on any device) is
-used instead: no sort, no host sync.
+Logits on the CPU (host emulation, CI) go to the plugin's C++ kernel
+(``sampling_native``: about one read of the logits per step). Everything else (other
+CUDA devices, a missing library or extension) uses the portable torch implementation in
+``sampling_portable`` (flashinfer's sampling API on any device): no sort, no host sync.
 
 ``VLLM_KUNLUN_SAMPLER`` chooses: ``auto`` (vendor when importable and the tensors are
-on a device, else portable), ``vendor`` (fail when missing), ``portable``. The choice
-and its reason are logged once per process.
+on a device; native for CPU tensors when the extension has it; else portable),
+``vendor`` (fail when missing), ``native`` (fail when missing or not on the CPU),
+``portable``. The choice and its reason are logged once per process.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ import torch
 
 from vllm_kunlun import envs, versions
 from vllm_kunlun.logger import init_logger
+from vllm_kunlun.ops import sampling_native as native
 from vllm_kunlun.ops import sampling_portable as portable
 from vllm_kunlun.ops import vendor
 
@@ -30,6 +34,7 @@ logger = init_logger(__name__)
 VENDOR_MODULE = "kunlun_ops"
 VENDOR_FUNCTION = "top_k_top_p_sampling_from_probs"
 VENDOR = vendor.VENDOR
+NATIVE = "native"
 PORTABLE = vendor.PORTABLE
 
 
@@ -58,6 +63,21 @@ class SamplingKernels:
         if self.vendor_fn is not None:
             return vendor_sample(self.vendor_fn, logits, top_k, top_p)
         uniforms = torch.rand((logits.shape[0], portable.DRAWS), device=logits.device)
+        return self.sample_uniforms(logits, top_k, top_p, uniforms, inplace=inplace)
+
+    def sample_uniforms(
+        self,
+        logits: torch.Tensor,
+        top_k: torch.Tensor | None,
+        top_p: torch.Tensor | None,
+        uniforms: torch.Tensor,
+        *,
+        inplace: bool = False,
+    ) -> torch.Tensor:
+        """One token per row from the given uniforms (B, D): rows with their own
+        generator. Never the vendor kernel (it takes one generator per batch)."""
+        if self.name == NATIVE and logits.device.type == "cpu":
+            return native.sample(logits, top_k, top_p, uniforms)
         return portable.sample(
             logits, top_k, top_p, uniforms, scores_are_logits=True, inplace=inplace
         )
@@ -96,19 +116,49 @@ def _vendor_function() -> tuple[Callable[..., torch.Tensor] | None, str]:
 
 def select_kernels(device: torch.device) -> SamplingKernels:
     """The kernels for tensors on ``device``, per ``VLLM_KUNLUN_SAMPLER``; logs once."""
-    choice = vendor.choose_path(
-        "VLLM_KUNLUN_SAMPLER",
-        envs.VLLM_KUNLUN_SAMPLER,
-        device,
-        _vendor_function,
-        cpu_reason="the logits are on the CPU",
-        demanded_fix=f"Install the vendor op library of the validated combination "
-        f"({versions.label('kunlun_ops')})",
-        fallback_warning="vllm-kunlun: sampling on %s uses the portable torch kernels, "
-        "not the vendor kernel: %s",
-    )
-    kernels = SamplingKernels(choice.name, choice.reason, choice.vendor)
+    mode = envs.VLLM_KUNLUN_SAMPLER
+    kernels = _native_kernels(mode, device)
+    if kernels is None:
+        choice = vendor.choose_path(
+            "VLLM_KUNLUN_SAMPLER",
+            mode,
+            device,
+            _vendor_function,
+            cpu_reason="the logits are on the CPU",
+            demanded_fix=f"Install the vendor op library of the validated combination "
+            f"({versions.label('kunlun_ops')})",
+            fallback_warning="vllm-kunlun: sampling on %s uses the portable torch "
+            "kernels, not the vendor kernel: %s",
+        )
+        kernels = SamplingKernels(choice.name, choice.reason, choice.vendor)
+        if mode == "auto" and device.type == "cpu" and choice.name == PORTABLE:
+            why = native.available()[1]
+            kernels = SamplingKernels(PORTABLE, f"{choice.reason}; {why}")
     logger.info_once(
         "vllm-kunlun: sampling kernels: %s (%s)", kernels.name, kernels.reason
     )
     return kernels
+
+
+def _native_kernels(mode: str, device: torch.device) -> SamplingKernels | None:
+    """The native CPU kernel when ``mode`` asks for it (``native``) or allows it
+    (``auto`` with CPU tensors, unless host emulation takes the vendor paths)."""
+    if mode == NATIVE:
+        if device.type != "cpu":
+            raise RuntimeError(
+                f"VLLM_KUNLUN_SAMPLER=native runs on the CPU, but the logits are on "
+                f"{device}; set VLLM_KUNLUN_SAMPLER=auto."
+            )
+        ok, why = native.available()
+        if not ok:
+            raise RuntimeError(
+                f"VLLM_KUNLUN_SAMPLER=native, but {why}; or set "
+                "VLLM_KUNLUN_SAMPLER=auto to use the portable torch kernels."
+            )
+        return SamplingKernels(NATIVE, f"VLLM_KUNLUN_SAMPLER=native; {why}")
+    if mode != "auto" or device.type != "cpu" or envs.VLLM_KUNLUN_EMULATION_VENDOR:
+        return None
+    ok, why = native.available()
+    if not ok:
+        return None
+    return SamplingKernels(NATIVE, f"the logits are on the CPU; {why}")

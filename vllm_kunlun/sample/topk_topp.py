@@ -6,9 +6,10 @@ and whose top-p path sorts the whole vocabulary.
 How:
 * no per-request generators: always the kernel seam (``ops.sampling``): the vendor's
   ``top_k_top_p_sampling_from_probs`` with ``top_k = vocab`` / ``top_p = 1.0`` filled in
-  when absent, or the portable torch kernel;
-* per-request generators: the portable kernel with ``DRAWS`` uniforms per row, drawn by
-  ``uniform_`` with the row's own generator (one batched draw for the other rows);
+  when absent, the native CPU kernel, or the portable torch kernel;
+* per-request generators: the native (CPU) or portable kernel with ``DRAWS`` uniforms
+  per row, drawn by ``uniform_`` with the row's own generator (one batched draw for the
+  other rows);
 * ``processed_logits`` / ``processed_logprobs``: the filtered logits are computed first
   (sort-free) and returned; sampling then runs on them unfiltered;
 * tensor parallel: TP rank 0's tokens are broadcast (``sample.tp``);
@@ -77,22 +78,16 @@ class KunlunTopKTopPSampler(TopKTopPSampler):
             else:
                 to_return = logits.log_softmax(dim=-1, dtype=torch.float32)
             k = p = None
+        kernels = self.kernels(logits.device)
         if generators:
             uniforms = row_uniforms(
                 logits.shape[0], generators, logits.device, portable.DRAWS
             )
-            tokens = portable.sample(
-                logits,
-                k,
-                p,
-                uniforms,
-                scores_are_logits=True,
-                inplace=not keep_logits,
+            tokens = kernels.sample_uniforms(
+                logits, k, p, uniforms, inplace=not keep_logits
             )
         else:
-            tokens = self.kernels(logits.device).sample_logits(
-                logits, k, p, inplace=not keep_logits
-            )
+            tokens = kernels.sample_logits(logits, k, p, inplace=not keep_logits)
         tokens = broadcast_from_first_rank(tokens)
         return tokens.view(-1), to_return
 

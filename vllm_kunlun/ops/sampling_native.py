@@ -1,0 +1,79 @@
+"""The plugin's C++ CPU sampler: ``torch.ops.vllm_kunlun.sample_rows`` (csrc/).
+
+Why: on the CPU the portable torch sampler issues 30-60 tensor operations per step and
+reads the logits 6-12 times; a decode step is memory-bound, so one read of the logits is
+the floor. The native kernel reads each row about once (block maxima, then a rejection
+draw; a second pass only for top-p without top-k) with the portable sampler's kept sets
+(top-k then top-p, ties kept) and contract (one token per row from its uniforms; a row
+without a distribution yields token 0). csrc/sampling_cpu.cpp has the algorithm.
+
+It serves logits on the CPU (host emulation, CI, CPU serving); devices keep the vendor
+kernel or the portable torch kernels, and flashinfer's API (``sampling_portable``) stays
+torch. Without the extension (``VLLM_KUNLUN_BUILD_EXT=0``) the portable kernels run.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from vllm_kunlun.ops import native
+from vllm_kunlun.ops import sampling_select as select
+
+OP_NAME = "sample_rows"
+# Rejection tries per draw before the exact inverse transform (each try succeeds with
+# probability >= 1/64, so the fallback practically never runs); tests pass 0 to force it.
+MAX_TRIES = 1 << 12
+# Top-p redraws after a rejected token before the exact threshold (tests pass 0).
+ROUNDS = 2
+
+
+def available() -> tuple[bool, str]:
+    """(True, what) when the native sampler is loaded, else (False, why and the fix)."""
+    return native.has_op(OP_NAME)
+
+
+def sample(
+    logits: torch.Tensor,
+    top_k: torch.Tensor | int | None,
+    top_p: torch.Tensor | float | None,
+    uniforms: torch.Tensor,
+    *,
+    max_tries: int = MAX_TRIES,
+    rounds: int = ROUNDS,
+) -> torch.Tensor:
+    """One token per row of CPU ``logits`` (B, V) (int64), the portable ``sample``'s
+    contract for logits: ``top_k`` / ``top_p`` a number or one value per row (a single
+    value broadcasts, as in vLLM), ``uniforms`` (B,) or (B, D) in [0, 1): a row's token
+    depends only on its logits, its filters and its uniforms. ``logits`` is not written.
+    """
+    if logits.dim() != 2 or logits.shape[1] == 0:
+        raise ValueError(
+            f"logits must be 2-D (batch, vocab) with a vocabulary; got shape "
+            f"{tuple(logits.shape)}"
+        )
+    if logits.device.type != "cpu":
+        raise ValueError(
+            f"the native sampler runs on the CPU; the logits are on {logits.device}"
+        )
+    batch, vocab = logits.shape
+    u = uniforms if uniforms.dim() == 2 else uniforms.unsqueeze(1)
+    if uniforms.dim() not in (1, 2) or u.shape[0] != batch:
+        raise ValueError(
+            f"uniforms has shape {tuple(uniforms.shape)}; expected ({batch},) or "
+            f"({batch}, D): one row of uniforms per row of logits"
+        )
+    if batch == 0:
+        return torch.empty(0, dtype=torch.int64)
+    k = select.normalize_top_k(top_k, batch, vocab, logits.device)
+    p = select.normalize_top_p(top_p, batch, logits.device)
+    scores = logits.float()
+    if scores.stride(1) != 1:
+        scores = scores.contiguous()  # rows may repeat or be slices, not be strided
+    return torch.ops.vllm_kunlun.sample_rows(
+        scores,
+        None if k is None else k.contiguous(),
+        None if p is None else p.contiguous(),
+        u.to(torch.float32).contiguous(),
+        max_tries,
+        rounds,
+    )
