@@ -158,20 +158,34 @@ __attribute__((target("avx2,fma"))) inline __m256 exp_shifted(__m256 x, const Ex
 
 // A bound-certified cheap exp(x - m): the float whose bits are (t + 127) * 2^23,
 // i.e. 2^floor(t) * (1 + frac(t)). Since 1 + f >= 2^f on [0, 1), it is >= exp and at
-// most 1.0616 times it (at f = 1/ln2 - 1); float rounding of t moves it by < 1e-5.
+// most 1.0616 times it (at f = 1/ln2 - 1); float rounding of t moves it by < 1e-4.
 constexpr double kApproxLow = 1.0 - 1e-4;
 constexpr double kApproxHigh = 1.0616 + 1e-4;
+// Up to this |row max| the shift is folded into one fma: the folded constant's rounding
+// stays below 256 units of 2^-23 (3e-5 relative); beyond it x - m is taken first.
+constexpr float kFoldedMax = 512.0f;
 
 struct ApproxConsts {
-  __m256 m, floor, scale, bias;
+  __m256 m, floor, scale, bias, folded_bias, folded_floor;
 };
 
 __attribute__((target("avx2,fma"))) inline ApproxConsts approx_consts(float m) {
-  return {_mm256_set1_ps(m), _mm256_set1_ps(kExpFloor), _mm256_set1_ps(kLog2e * 8388608.0f),
-          _mm256_set1_ps(127.0f * 8388608.0f)};
+  const double scale = static_cast<double>(kLog2e) * 8388608.0;
+  const double bias = 127.0 * 8388608.0;
+  return {_mm256_set1_ps(m),
+          _mm256_set1_ps(kExpFloor),
+          _mm256_set1_ps(static_cast<float>(scale)),
+          _mm256_set1_ps(static_cast<float>(bias)),
+          _mm256_set1_ps(static_cast<float>(bias - static_cast<double>(m) * scale)),
+          _mm256_set1_ps(m + kExpFloor)};
 }
 
+template <bool kFolded>
 __attribute__((target("avx2,fma"))) inline __m256 exp_approx(__m256 x, const ApproxConsts& c) {
+  if (kFolded) {
+    const __m256 t = _mm256_fmadd_ps(_mm256_max_ps(x, c.folded_floor), c.scale, c.folded_bias);
+    return _mm256_castsi256_ps(_mm256_cvtps_epi32(t));
+  }
   const __m256 y = _mm256_max_ps(_mm256_sub_ps(x, c.m), c.floor);
   return _mm256_castsi256_ps(_mm256_cvtps_epi32(_mm256_fmadd_ps(y, c.scale, c.bias)));
 }
@@ -203,9 +217,22 @@ __attribute__((target("avx2,fma"))) inline bool block_max_avx2(const float* x, i
   return tail_nan || _mm256_movemask_ps(nan) != 0;
 }
 
-// Masses with exp_shifted (accurate) or exp_approx (cheap, certified bounds).
-template <bool kApprox>
-__attribute__((target("avx2,fma"))) inline Masses masses_avx2(const float* x, int64_t vocab,
+// Which exp the masses use.
+enum class ExpKind { kAccurate, kApproxFolded, kApprox };
+
+template <ExpKind kKind>
+__attribute__((target("avx2,fma"))) inline __m256 exp_of(__m256 v, const ExpConsts& ce,
+                                                         const ApproxConsts& ca) {
+  if (kKind == ExpKind::kAccurate) return exp_shifted(v, ce);
+  return exp_approx<kKind == ExpKind::kApproxFolded>(v, ca);
+}
+
+// Float accumulators are summed into float64 every kFlushBlocks blocks (512 tokens:
+// 64 float additions per lane, a relative error of at most a few 1e-6).
+constexpr int64_t kFlushBlocks = 8;
+
+template <ExpKind kKind>
+__attribute__((target("avx2,fma"))) inline Masses masses_kind(const float* x, int64_t vocab,
                                                               const float* bmax, float m,
                                                               float above, bool only_above) {
   const int64_t full = vocab / kBlock;
@@ -213,22 +240,25 @@ __attribute__((target("avx2,fma"))) inline Masses masses_avx2(const float* x, in
   const ApproxConsts ca = approx_consts(m);
   const __m256 va = _mm256_set1_ps(above);
   Masses out{0.0, 0.0};
+  __m256 z0 = _mm256_setzero_ps(), z1 = _mm256_setzero_ps();
+  __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
   for (int64_t b = 0; b < full; ++b) {
-    if (only_above && !(bmax[b] > above)) continue;
-    const float* p = x + b * kBlock;
-    __m256 z0 = _mm256_setzero_ps(), z1 = _mm256_setzero_ps();
-    __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
-    for (int j = 0; j < kBlock; j += 16) {
-      const __m256 v0 = _mm256_loadu_ps(p + j), v1 = _mm256_loadu_ps(p + j + 8);
-      const __m256 e0 = kApprox ? exp_approx(v0, ca) : exp_shifted(v0, ce);
-      const __m256 e1 = kApprox ? exp_approx(v1, ca) : exp_shifted(v1, ce);
-      z0 = _mm256_add_ps(z0, e0);
-      z1 = _mm256_add_ps(z1, e1);
-      a0 = _mm256_add_ps(a0, _mm256_and_ps(e0, _mm256_cmp_ps(v0, va, _CMP_GT_OQ)));
-      a1 = _mm256_add_ps(a1, _mm256_and_ps(e1, _mm256_cmp_ps(v1, va, _CMP_GT_OQ)));
+    if (!only_above || bmax[b] > above) {
+      const float* p = x + b * kBlock;
+      for (int j = 0; j < kBlock; j += 16) {
+        const __m256 v0 = _mm256_loadu_ps(p + j), v1 = _mm256_loadu_ps(p + j + 8);
+        const __m256 e0 = exp_of<kKind>(v0, ce, ca), e1 = exp_of<kKind>(v1, ce, ca);
+        z0 = _mm256_add_ps(z0, e0);
+        z1 = _mm256_add_ps(z1, e1);
+        a0 = _mm256_add_ps(a0, _mm256_and_ps(e0, _mm256_cmp_ps(v0, va, _CMP_GT_OQ)));
+        a1 = _mm256_add_ps(a1, _mm256_and_ps(e1, _mm256_cmp_ps(v1, va, _CMP_GT_OQ)));
+      }
     }
-    out.total += hsum(_mm256_add_ps(z0, z1));
-    out.mass += hsum(_mm256_add_ps(a0, a1));
+    if (b % kFlushBlocks == kFlushBlocks - 1 || b == full - 1) {
+      out.total += hsum(_mm256_add_ps(z0, z1));
+      out.mass += hsum(_mm256_add_ps(a0, a1));
+      z0 = z1 = a0 = a1 = _mm256_setzero_ps();
+    }
   }
   if (full * kBlock < vocab && (!only_above || bmax[full] > above)) {
     // The short last block through the same formula, padded with weightless lanes.
@@ -237,13 +267,26 @@ __attribute__((target("avx2,fma"))) inline Masses masses_avx2(const float* x, in
     for (int64_t j = 0; j < kBlock; ++j) buf[j] = j < n ? x[full * kBlock + j] : -kInf;
     for (int j = 0; j < kBlock; j += 8) {
       const __m256 v = _mm256_loadu_ps(buf + j);
-      __m256 e = kApprox ? exp_approx(v, ca) : exp_shifted(v, ce);
+      __m256 e = exp_of<kKind>(v, ce, ca);
       e = _mm256_and_ps(e, _mm256_cmp_ps(v, _mm256_set1_ps(-kInf), _CMP_GT_OQ));
       out.total += hsum(e);
       out.mass += hsum(_mm256_and_ps(e, _mm256_cmp_ps(v, va, _CMP_GT_OQ)));
     }
   }
   return out;
+}
+
+__attribute__((target("avx2,fma"))) inline Masses masses_exact_avx2(
+    const float* x, int64_t vocab, const float* bmax, float m, float above, bool only_above) {
+  return masses_kind<ExpKind::kAccurate>(x, vocab, bmax, m, above, only_above);
+}
+
+__attribute__((target("avx2,fma"))) inline Masses masses_approx_avx2(
+    const float* x, int64_t vocab, const float* bmax, float m, float above, bool only_above) {
+  if (std::fabs(m) <= kFoldedMax) {
+    return masses_kind<ExpKind::kApproxFolded>(x, vocab, bmax, m, above, only_above);
+  }
+  return masses_kind<ExpKind::kApprox>(x, vocab, bmax, m, above, only_above);
 }
 
 // exp(x - m) of n values into out; 0 below kExpFloor (never drawn).
@@ -308,8 +351,8 @@ struct Kernels {
 inline Kernels pick_kernels() {
 #if VLLM_KUNLUN_X86
   if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
-    return {block_max_avx2,      masses_avx2<false>, masses_avx2<true>, exps_avx2,
-            count_at_least_avx2, kApproxLow,         kApproxHigh};
+    return {block_max_avx2, masses_exact_avx2,   masses_approx_avx2, exps_avx2,
+            count_at_least_avx2, kApproxLow, kApproxHigh};
   }
 #endif
   return {block_max_scalar, masses_scalar, masses_scalar, exps_scalar,
