@@ -9,9 +9,10 @@ plugin: N requests (default 256) with short prompts and long outputs, random sam
 Engines, each in its own interpreter, measured in the same run:
 
 * host emulation (default): the tiny Qwen3 with a 151,936-token vocabulary on the CPU,
-  ``ours`` (the plugin's sampler) and ``native`` (vLLM's ``TopKTopPSampler``: the
-  plugin's general plugin is left out with ``VLLM_PLUGINS=kunlun``, as in the log's
-  stall). The served sampler is read back from the worker and checked.
+  ``ours`` (the plugin's sampler) and ``native`` (vLLM's ``TopKTopPSampler``, the
+  sampler of the log's stall: the plugin's worker installs ours in every model process,
+  so this engine's worker puts vLLM's back through the serving-info worker extension).
+  The served sampler is read back from the worker and checked.
 * ``--device cuda`` (a lent GPU): KunlunPlatform forced on CUDA (the test-only
   torch_xmlir reports one device), ``graphs`` (piecewise CUDA graphs; needs the
   patch_torch251 set applied) and ``eager`` (``enforce_eager``), both with our sampler.
@@ -74,8 +75,7 @@ def engines(args: argparse.Namespace) -> list[Engine]:
         llm = {**common, "dtype": "float32", "enforce_eager": True}
         return [
             Engine("ours", "ours", False, env, llm),
-            # Only the platform plugin: the sampling patches never go in.
-            Engine("native", "native", False, {**env, "VLLM_PLUGINS": "kunlun"}, llm),
+            Engine("native", "native", False, env, llm),
         ]
     fakes = str(REPO / "tests" / "fakes")
     path = os.pathsep.join(filter(None, [fakes, os.environ.get("PYTHONPATH")]))
@@ -153,10 +153,16 @@ def serve_child(spec: dict[str, Any]) -> None:
     """
     from vllm import LLM, SamplingParams
 
-    from vllm_kunlun.demo.serving_info import SERVING_INFO_METHOD, WORKER_EXTENSION
+    from vllm_kunlun.demo.serving_info import (
+        SERVING_INFO_METHOD,
+        USE_VLLM_SAMPLER_METHOD,
+        WORKER_EXTENSION,
+    )
 
     start = time.perf_counter()
     llm = LLM(model=spec["model"], worker_extension_cls=WORKER_EXTENSION, **spec["llm"])
+    if spec.get("vllm_sampler"):
+        llm.collective_rpc(USE_VLLM_SAMPLER_METHOD)
     reply({"ready": time.perf_counter() - start})
     texts = prompts(spec["num_seqs"], spec["prompt_len"])
     sampling = {"temperature": 1.0, "ignore_eos": True, **spec["sampling"]}
@@ -211,6 +217,7 @@ class Child:
         spec = {
             "model": model,
             "llm": engine.llm,
+            "vllm_sampler": engine.sampler == "native",
             "num_seqs": args.num_seqs,
             "prompt_len": args.prompt_len,
             "sampling": {

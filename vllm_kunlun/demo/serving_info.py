@@ -15,6 +15,7 @@ from typing import Any
 
 WORKER_EXTENSION = "vllm_kunlun.demo.serving_info.ServingInfo"
 SERVING_INFO_METHOD = "vllm_kunlun_serving_info"
+USE_VLLM_SAMPLER_METHOD = "vllm_kunlun_use_vllm_sampler"
 
 
 def _qualname(obj: Any) -> str | None:
@@ -28,6 +29,18 @@ def _qualname(obj: Any) -> str | None:
 
 class ServingInfo:
     """Mixed into vLLM's worker class; every method name is prefixed to avoid clashes."""
+
+    def vllm_kunlun_use_vllm_sampler(self) -> str | None:
+        """Put vLLM's own ``TopKTopPSampler`` back into this worker's sampler.
+
+        For benchmarks that compare ours against vLLM's: the plugin's worker installs
+        ours whatever ``VLLM_PLUGINS`` says. Returns the forward that now samples.
+        """
+        from vllm.v1.sample.ops.topk_topp_sampler import TopKTopPSampler
+
+        sampler = self.model_runner.sampler  # type: ignore[attr-defined]
+        sampler.topk_topp_sampler = TopKTopPSampler(sampler.logprobs_mode)
+        return _qualname(sampler.topk_topp_sampler.forward)
 
     def vllm_kunlun_serving_info(self) -> dict[str, Any]:
         from vllm.platforms import current_platform

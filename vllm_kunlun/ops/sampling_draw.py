@@ -39,6 +39,17 @@ CHECK_ELEMENTS = 1 << 22
 DRAW_CHUNK = 8192
 
 
+def uniform_rows(uniforms: torch.Tensor, draws: int) -> torch.Tensor:
+    """``uniforms`` as (draws, D): one row per draw, given as (draws,) or (draws, D)."""
+    u = uniforms if uniforms.dim() == 2 else uniforms.unsqueeze(1)
+    if uniforms.dim() not in (1, 2) or u.shape[0] != draws:
+        raise ValueError(
+            f"uniforms has shape {tuple(uniforms.shape)}; expected ({draws},) or "
+            f"({draws}, D): one row of uniforms per draw"
+        )
+    return u
+
+
 def first_above(cum: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
     """Per row, the first index whose cumulative weight exceeds ``target``.
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 import torch
 
 from vllm_kunlun.ops import native
+from vllm_kunlun.ops import sampling_draw as draw_ops
 from vllm_kunlun.ops import sampling_select as select
 
 OP_NAME = "sample_rows"
@@ -56,12 +57,7 @@ def sample(
             f"the native sampler runs on the CPU; the logits are on {logits.device}"
         )
     batch, vocab = logits.shape
-    u = uniforms if uniforms.dim() == 2 else uniforms.unsqueeze(1)
-    if uniforms.dim() not in (1, 2) or u.shape[0] != batch:
-        raise ValueError(
-            f"uniforms has shape {tuple(uniforms.shape)}; expected ({batch},) or "
-            f"({batch}, D): one row of uniforms per row of logits"
-        )
+    u = draw_ops.uniform_rows(uniforms, batch)
     if batch == 0:
         return torch.empty(0, dtype=torch.int64)
     k = select.normalize_top_k(top_k, batch, vocab, logits.device)

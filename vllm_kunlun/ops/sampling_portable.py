@@ -123,12 +123,7 @@ def sample(
     scores = _as_float_matrix(scores, "logits" if scores_are_logits else "probs")
     batch, vocab = scores.shape
     draws = batch if rows is None else rows.shape[0]
-    u = uniforms if uniforms.dim() == 2 else uniforms.unsqueeze(1)
-    if uniforms.dim() not in (1, 2) or u.shape[0] != draws:
-        raise ValueError(
-            f"uniforms has shape {tuple(uniforms.shape)}; expected ({draws},) or "
-            f"({draws}, D): one row of uniforms per draw"
-        )
+    u = draw_ops.uniform_rows(uniforms, draws)
     if draws == 0:
         return torch.empty(0, dtype=torch.int64, device=scores.device)
     k = normalize_top_k(top_k, batch, vocab, scores.device)
