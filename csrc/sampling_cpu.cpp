@@ -37,6 +37,7 @@
 #include <torch/library.h>
 
 #include <exception>
+#include <string>
 #include <mutex>
 #include <thread>
 #include <vector>
@@ -48,6 +49,16 @@ namespace {
 using vllm_kunlun::sampling::Row;
 using vllm_kunlun::sampling::Scratch;
 using vllm_kunlun::sampling::row_stream;
+
+// The row kernels' instruction set ("avx2" or "scalar"); `force` "scalar" switches this
+// process to the portable C++ kernels (what CPUs without AVX2 run: tests and benchmarks
+// exercise them anywhere), "auto" back to the best the CPU has.
+std::string sample_rows_isa(const c10::optional<std::string>& force) {
+  if (!force.has_value()) return vllm_kunlun::sampling::kernels_isa();
+  TORCH_CHECK(*force == "scalar" || *force == "auto",
+              "sample_rows_isa: force must be 'scalar' or 'auto', got '", *force, "'");
+  return vllm_kunlun::sampling::select_isa(*force == "scalar");
+}
 
 // Rows [0, n) split into contiguous ranges over torch's intra-op thread count. Plain
 // threads, not at::parallel_for: with torch's OpenMP backend that needs the extension
@@ -138,6 +149,7 @@ TORCH_LIBRARY_FRAGMENT(vllm_kunlun, m) {
   m.def(
       "sample_rows(Tensor logits, Tensor? top_k, Tensor? top_p, Tensor uniforms, "
       "int max_tries, int rounds) -> Tensor");
+  m.def("sample_rows_isa(str? force=None) -> str", &sample_rows_isa);
 }
 
 TORCH_LIBRARY_IMPL(vllm_kunlun, CPU, m) { m.impl("sample_rows", &sample_rows); }

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -348,20 +349,45 @@ struct Kernels {
   }
 };
 
-inline Kernels pick_kernels() {
-#if VLLM_KUNLUN_X86
-  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
-    return {block_max_avx2, masses_exact_avx2,   masses_approx_avx2, exps_avx2,
-            count_at_least_avx2, kApproxLow, kApproxHigh};
-  }
-#endif
-  return {block_max_scalar, masses_scalar, masses_scalar, exps_scalar,
-          count_at_least_scalar, 1.0, 1.0};
+inline const Kernels& scalar_kernels() {
+  static const Kernels k{block_max_scalar, masses_scalar,         masses_scalar, exps_scalar,
+                         count_at_least_scalar, 1.0, 1.0};
+  return k;
 }
 
-inline const Kernels& kernels() {
-  static const Kernels k = pick_kernels();
-  return k;
+// The vector kernels where the CPU has them, else nullptr.
+inline const Kernels* vector_kernels() {
+#if VLLM_KUNLUN_X86
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
+    static const Kernels k{block_max_avx2,      masses_exact_avx2, masses_approx_avx2,
+                           exps_avx2,           count_at_least_avx2, kApproxLow,
+                           kApproxHigh};
+    return &k;
+  }
+#endif
+  return nullptr;
+}
+
+// The kernels rows use: the vector ones where available, unless force_scalar() asked
+// for the portable C++ ones (tests and benchmarks of the fallback on any CPU).
+inline std::atomic<const Kernels*>& active_kernels() {
+  static std::atomic<const Kernels*> active{vector_kernels() ? vector_kernels()
+                                                             : &scalar_kernels()};
+  return active;
+}
+
+inline const Kernels& kernels() { return *active_kernels().load(); }
+
+inline const char* kernels_isa() {
+  return &kernels() == &scalar_kernels() ? "scalar" : "avx2";
+}
+
+// "avx2" or "scalar": what rows use now. `scalar` true: the portable C++ kernels from
+// now on; false: the best this CPU has.
+inline const char* select_isa(bool scalar) {
+  const Kernels* best = vector_kernels();
+  active_kernels().store(scalar || best == nullptr ? &scalar_kernels() : best);
+  return kernels_isa();
 }
 
 // ---- one row ----------------------------------------------------------------------------

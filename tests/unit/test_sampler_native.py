@@ -11,6 +11,8 @@ threshold), so the fallbacks are proven, not just present.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import numpy as np
 import pytest
 import torch
@@ -32,6 +34,18 @@ pytestmark = pytest.mark.skipif(
 )
 
 N = 20000
+
+
+@pytest.fixture(params=["auto", "scalar"])
+def isa(request: pytest.FixtureRequest) -> Iterator[str]:
+    """Both kernel sets: the vector kernels (AVX2 where the CPU has them) and the
+    portable C++ ones that CPUs without AVX2 run."""
+    got = native.isa(request.param)
+    assert got == "scalar" or request.param == "auto"
+    yield got
+    native.isa("auto")
+
+
 WAYS = {
     "shipped": {},
     "exact-draws": {"max_tries": 0},
@@ -85,7 +99,7 @@ SETTINGS = [
     "vocab,scale,k,p", [s[1:] for s in SETTINGS], ids=[s[0] for s in SETTINGS]
 )
 def test_frequencies_match_filtered_distribution(
-    vocab: int, scale: float, k: int | None, p: float | None, way: str
+    vocab: int, scale: float, k: int | None, p: float | None, way: str, isa: str
 ) -> None:
     row = _row(vocab, scale, seed=vocab + int(scale * 10))
     samples = _draw(row, k, p, **WAYS[way])
@@ -101,7 +115,7 @@ def test_a_test_of_the_wrong_distribution_fails() -> None:
         chi_square_pvalue(samples, reference(row, None, 0.3))
 
 
-def test_low_temperature_logits_keep_their_precision() -> None:
+def test_low_temperature_logits_keep_their_precision(isa: str) -> None:
     """Logits in the thousands (temperature 0.001): masses are computed on x - max."""
     row = _row(3000, 1.0, seed=3) * 1000 / 40 + 2000
     for k, p in ((None, None), (None, 0.9), (20, 0.95)):
@@ -109,7 +123,7 @@ def test_low_temperature_logits_keep_their_precision() -> None:
         assert chi_square_pvalue(samples, reference(row, k, p)) > ALPHA
 
 
-def test_kept_sets_equal_the_reference_in_mixed_batches() -> None:
+def test_kept_sets_equal_the_reference_in_mixed_batches(isa: str) -> None:
     """Every draw of mixed rows lies in its row's reference kept set, and a row's token
     does not depend on the rows around it or the thread count."""
     g = torch.Generator().manual_seed(4)
@@ -154,7 +168,7 @@ def test_same_uniforms_same_tokens_and_logits_untouched() -> None:
     assert not torch.equal(other, first)
 
 
-def test_peaked_rows_return_their_mode_and_top_p_zero_is_greedy() -> None:
+def test_peaked_rows_return_their_mode_and_top_p_zero_is_greedy(isa: str) -> None:
     g = torch.Generator().manual_seed(6)
     logits = torch.randn(16, 1000, generator=g)
     mode = torch.randint(0, 1000, (16,), generator=g)
@@ -167,7 +181,7 @@ def test_peaked_rows_return_their_mode_and_top_p_zero_is_greedy() -> None:
         assert torch.equal(got, flat.argmax(-1))
 
 
-def test_minus_inf_logits_are_never_drawn() -> None:
+def test_minus_inf_logits_are_never_drawn(isa: str) -> None:
     g = torch.Generator().manual_seed(9)
     logits = torch.randn(4000, 300, generator=g)
     banned = torch.rand(4000, 300, generator=g) < 0.5
@@ -180,7 +194,9 @@ def test_minus_inf_logits_are_never_drawn() -> None:
             assert not banned[torch.arange(4000), tokens].any()
 
 
-def test_rows_without_a_distribution_yield_token_0_and_leave_others_alone() -> None:
+def test_rows_without_a_distribution_yield_token_0_and_leave_others_alone(
+    isa: str,
+) -> None:
     g = torch.Generator().manual_seed(10)
     logits = torch.randn(7, 300, generator=g)
     u = torch.rand(7, sp.DRAWS, generator=g)
@@ -202,6 +218,17 @@ def test_disabled_filters_equal_the_unfiltered_draw() -> None:
     plain = native.sample(logits, None, None, u)
     for k, p in ((300, None), (301, None), (0, None), (-1, 1.0), (None, 1.5)):
         assert torch.equal(native.sample(logits, k, p, u), plain)
+
+
+def test_the_kernel_set_can_be_chosen_and_is_reported() -> None:
+    assert native.isa() in ("avx2", "scalar")
+    try:
+        assert native.isa("scalar") == "scalar" and native.isa() == "scalar"
+        assert "(scalar kernels)" in native.available()[1]
+    finally:
+        native.isa("auto")
+    with pytest.raises(RuntimeError, match="force must be 'scalar' or 'auto'"):
+        native.isa("avx512")
 
 
 def test_shapes_broadcasting_and_errors() -> None:

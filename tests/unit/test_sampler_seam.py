@@ -49,7 +49,8 @@ def test_auto_uses_the_native_kernel_for_cpu_tensors(fake_ops: Any) -> None:
     kernels = sampling.select_kernels(CPU)
     assert (kernels.name, kernels.reason) == (
         "native",
-        "the logits are on the CPU; torch.ops.vllm_kunlun.sample_rows loaded",
+        "the logits are on the CPU; torch.ops.vllm_kunlun.sample_rows loaded "
+        f"({sampling.native.isa()} kernels)",
     )
     logits = torch.randn(300, 64)
     tokens = kernels.sample_logits(logits, torch.full((300,), 3), None)

@@ -30,7 +30,17 @@ ROUNDS = 2
 
 def available() -> tuple[bool, str]:
     """(True, what) when the native sampler is loaded, else (False, why and the fix)."""
-    return native.has_op(OP_NAME)
+    ok, what = native.has_op(OP_NAME)
+    if ok:
+        what = f"{what} ({isa()} kernels)"
+    return ok, what
+
+
+def isa(force: str | None = None) -> str:
+    """The row kernels' instruction set: ``"avx2"`` or ``"scalar"`` (portable C++, what
+    CPUs without AVX2 run). ``force="scalar"`` switches this process to the portable
+    kernels (tests and benchmarks of the fallback on any CPU), ``"auto"`` back."""
+    return str(torch.ops.vllm_kunlun.sample_rows_isa(force))
 
 
 def sample(
