@@ -45,12 +45,21 @@ def _ext_modules_and_cmdclass():
     if not _load_envs().VLLM_KUNLUN_BUILD_EXT:
         print("vllm-kunlun: VLLM_KUNLUN_BUILD_EXT=0, native extension not built")
         return [], {}
+    import torch
     from torch.utils.cpp_extension import BuildExtension, CppExtension
 
+    flags = ["-O2", "-g0"]
+    # at::parallel_for (the native sampler's rows) runs on torch's own intra-op pool
+    # only when compiled with OpenMP like torch; its OpenMP calls then bind to the
+    # runtime torch already loaded (not linked here: a second runtime would be a second
+    # pool, whose threads fight torch's spinning ones for the cores). A torch built
+    # without OpenMP keeps at::parallel_for inside libtorch.
+    if "OpenMP" in torch.__config__.parallel_info().split("ATen parallel backend:")[-1]:
+        flags.append("-fopenmp")
     ext = CppExtension(
         name="vllm_kunlun._native",
         sources=["csrc/weak_ref_tensor.cpp", "csrc/sampling_cpu.cpp"],
-        extra_compile_args=["-O2", "-g0"],
+        extra_compile_args=flags,
     )
     return [ext], {"build_ext": BuildExtension.with_options(use_ninja=True)}
 

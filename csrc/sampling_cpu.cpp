@@ -31,16 +31,12 @@
 // splitmix64 stream seeded from the bits of the row's uniforms, so a row's token
 // depends only on its logits, its parameters and its uniforms, never on its batch. A
 // row with a NaN logit, a +inf logit or only -inf logits has no distribution and
-// yields token 0 (as the portable sampler). Rows run on at::get_num_threads() threads.
+// yields token 0 (as the portable sampler). Rows run on torch's intra-op threads.
 #include <ATen/Parallel.h>
 #include <torch/extension.h>
 #include <torch/library.h>
 
-#include <exception>
 #include <string>
-#include <mutex>
-#include <thread>
-#include <vector>
 
 #include "sampling_cpu_kernels.h"
 
@@ -58,37 +54,6 @@ std::string sample_rows_isa(const c10::optional<std::string>& force) {
   TORCH_CHECK(*force == "scalar" || *force == "auto",
               "sample_rows_isa: force must be 'scalar' or 'auto', got '", *force, "'");
   return vllm_kunlun::sampling::select_isa(*force == "scalar");
-}
-
-// Rows [0, n) split into contiguous ranges over torch's intra-op thread count. Plain
-// threads, not at::parallel_for: with torch's OpenMP backend that needs the extension
-// built and linked against torch's own OpenMP runtime, which differs per build.
-template <typename F>
-void for_rows(int64_t n, const F& fn) {
-  const int64_t threads = std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), n));
-  if (threads == 1) {
-    fn(0, n);
-    return;
-  }
-  const int64_t chunk = (n + threads - 1) / threads;
-  std::vector<std::thread> pool;
-  std::exception_ptr error;
-  std::mutex lock;
-  for (int64_t t = 1; t < threads; ++t) {
-    const int64_t begin = t * chunk, end = std::min(n, begin + chunk);
-    if (begin >= end) break;
-    pool.emplace_back([&, begin, end] {
-      try {
-        fn(begin, end);
-      } catch (...) {
-        std::lock_guard<std::mutex> guard(lock);
-        if (!error) error = std::current_exception();
-      }
-    });
-  }
-  fn(0, std::min(n, chunk));
-  for (auto& th : pool) th.join();
-  if (error) std::rethrow_exception(error);
 }
 
 at::Tensor sample_rows(const at::Tensor& logits, const c10::optional<at::Tensor>& top_k,
@@ -130,7 +95,9 @@ at::Tensor sample_rows(const at::Tensor& logits, const c10::optional<at::Tensor>
   const int64_t* kp = k.defined() ? k.data_ptr<int64_t>() : nullptr;
   const float* pp = p.defined() ? p.data_ptr<float>() : nullptr;
   int64_t* o = out.data_ptr<int64_t>();
-  for_rows(batch, [&](int64_t begin, int64_t end) {
+  // torch's intra-op pool (OpenMP in torch's wheels; setup.py compiles this file to
+  // match), one contiguous range of rows per thread.
+  at::parallel_for(0, batch, 1, [&](int64_t begin, int64_t end) {
     Scratch scratch;
     for (int64_t i = begin; i < end; ++i) {
       int64_t ki = kp ? kp[i] : vocab;

@@ -14,6 +14,8 @@ torch. Without the extension (``VLLM_KUNLUN_BUILD_EXT=0``) the portable kernels 
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from vllm_kunlun.ops import native
@@ -28,9 +30,15 @@ MAX_TRIES = 1 << 12
 ROUNDS = 2
 
 
+@functools.cache
+def _loaded() -> tuple[bool, str]:
+    return native.has_op(OP_NAME)
+
+
 def available() -> tuple[bool, str]:
-    """(True, what) when the native sampler is loaded, else (False, why and the fix)."""
-    ok, what = native.has_op(OP_NAME)
+    """(True, what) when the native sampler is loaded (loading it once), else (False,
+    why and the fix)."""
+    ok, what = _loaded()
     if ok:
         what = f"{what} ({isa()} kernels)"
     return ok, what
@@ -70,6 +78,9 @@ def sample(
     u = draw_ops.uniform_rows(uniforms, batch)
     if batch == 0:
         return torch.empty(0, dtype=torch.int64)
+    ok, why = _loaded()
+    if not ok:
+        raise RuntimeError(f"the native sampler is not available: {why}")
     k = select.normalize_top_k(top_k, batch, vocab, logits.device)
     p = select.normalize_top_p(top_p, batch, logits.device)
     scores = logits.float()
