@@ -72,6 +72,25 @@ def test_auto_without_the_native_kernel_uses_portable_and_says_why(
     )
 
 
+@pytest.mark.skipif(
+    not sampling.native.available()[0], reason="native extension not built"
+)
+def test_auto_keeps_portable_torch_where_only_the_scalar_kernels_run(
+    fake_ops: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Without AVX2 the C++ kernels are slower than portable torch: auto says so and
+    uses torch; VLLM_KUNLUN_SAMPLER=native still gets them."""
+    sampling.native.isa("scalar")
+    try:
+        kernels = sampling.select_kernels(CPU)
+        assert kernels.name == "portable"
+        assert "(scalar kernels), but this CPU has no AVX2/FMA" in kernels.reason
+        monkeypatch.setenv("VLLM_KUNLUN_SAMPLER", "native")
+        assert sampling.select_kernels(CPU).name == "native"
+    finally:
+        sampling.native.isa("auto")
+
+
 def test_native_mode_fails_clearly_off_the_cpu_or_without_the_extension(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

@@ -132,7 +132,7 @@ def select_kernels(device: torch.device) -> SamplingKernels:
         )
         kernels = SamplingKernels(choice.name, choice.reason, choice.vendor)
         if mode == "auto" and device.type == "cpu" and choice.name == PORTABLE:
-            why = native.available()[1]
+            why = native.preferred()[1]
             kernels = SamplingKernels(PORTABLE, f"{choice.reason}; {why}")
     logger.info_once(
         "vllm-kunlun: sampling kernels: %s (%s)", kernels.name, kernels.reason
@@ -158,7 +158,7 @@ def _native_kernels(mode: str, device: torch.device) -> SamplingKernels | None:
         return SamplingKernels(NATIVE, f"VLLM_KUNLUN_SAMPLER=native; {why}")
     if mode != "auto" or device.type != "cpu" or envs.VLLM_KUNLUN_EMULATION_VENDOR:
         return None
-    ok, why = native.available()
+    ok, why = native.preferred()
     if not ok:
         return None
     return SamplingKernels(NATIVE, f"the logits are on the CPU; {why}")

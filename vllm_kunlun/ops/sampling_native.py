@@ -44,11 +44,31 @@ def available() -> tuple[bool, str]:
     return ok, what
 
 
+def preferred() -> tuple[bool, str]:
+    """``available()``, but False also where only the portable C++ kernels run (no
+    AVX2): those are slower than the portable torch sampler (top-p about 2x), so
+    ``VLLM_KUNLUN_SAMPLER=auto`` does not choose them."""
+    ok, what = available()
+    if ok and isa() == "scalar":
+        return False, (
+            f"{what}, but this CPU has no AVX2/FMA: the portable torch kernels are "
+            "faster there (VLLM_KUNLUN_SAMPLER=native forces the C++ ones)"
+        )
+    return ok, what
+
+
 def isa(force: str | None = None) -> str:
     """The row kernels' instruction set: ``"avx2"`` or ``"scalar"`` (portable C++, what
     CPUs without AVX2 run). ``force="scalar"`` switches this process to the portable
     kernels (tests and benchmarks of the fallback on any CPU), ``"auto"`` back."""
+    _require()
     return str(torch.ops.vllm_kunlun.sample_rows_isa(force))
+
+
+def _require() -> None:
+    ok, why = _loaded()
+    if not ok:
+        raise RuntimeError(f"the native sampler is not available: {why}")
 
 
 def sample(
@@ -78,9 +98,7 @@ def sample(
     u = draw_ops.uniform_rows(uniforms, batch)
     if batch == 0:
         return torch.empty(0, dtype=torch.int64)
-    ok, why = _loaded()
-    if not ok:
-        raise RuntimeError(f"the native sampler is not available: {why}")
+    _require()
     k = select.normalize_top_k(top_k, batch, vocab, logits.device)
     p = select.normalize_top_p(top_p, batch, logits.device)
     scores = logits.float()
