@@ -41,6 +41,25 @@ def _read_readme():
         return f.read()
 
 
+def _compiler_has_openmp() -> bool:
+    """Whether the C++ compiler takes -fopenmp and has omp.h (preprocessing only)."""
+    import shlex
+    import subprocess
+
+    cxx = shlex.split(os.environ.get("CXX") or "c++")
+    try:
+        probe = subprocess.run(
+            [*cxx, "-fopenmp", "-x", "c++", "-E", "-"],
+            input="#include <omp.h>\n",
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return False
+    return probe.returncode == 0
+
+
 def _ext_modules_and_cmdclass():
     if not _load_envs().VLLM_KUNLUN_BUILD_EXT:
         print("vllm-kunlun: VLLM_KUNLUN_BUILD_EXT=0, native extension not built")
@@ -55,7 +74,13 @@ def _ext_modules_and_cmdclass():
     # pool, whose threads fight torch's spinning ones for the cores). A torch built
     # without OpenMP keeps at::parallel_for inside libtorch.
     if "OpenMP" in torch.__config__.parallel_info().split("ATen parallel backend:")[-1]:
-        flags.append("-fopenmp")
+        if _compiler_has_openmp():
+            flags.append("-fopenmp")
+        else:
+            print(
+                "vllm-kunlun: the C++ compiler has no OpenMP (omp.h); the native "
+                "sampler's rows will run on one thread"
+            )
     ext = CppExtension(
         name="vllm_kunlun._native",
         sources=["csrc/weak_ref_tensor.cpp", "csrc/sampling_cpu.cpp"],
