@@ -76,7 +76,7 @@ class SamplingKernels:
     ) -> torch.Tensor:
         """One token per row from the given uniforms (B, D): rows with their own
         generator. Never the vendor kernel (it takes one generator per batch)."""
-        if self.name == NATIVE and logits.device.type == "cpu":
+        if self.name == NATIVE:  # chosen for CPU tensors only
             return native.sample(logits, top_k, top_p, uniforms)
         return portable.sample(
             logits, top_k, top_p, uniforms, scores_are_logits=True, inplace=inplace
@@ -117,32 +117,34 @@ def _vendor_function() -> tuple[Callable[..., torch.Tensor] | None, str]:
 def select_kernels(device: torch.device) -> SamplingKernels:
     """The kernels for tensors on ``device``, per ``VLLM_KUNLUN_SAMPLER``; logs once."""
     mode = envs.VLLM_KUNLUN_SAMPLER
-    kernels = _native_kernels(mode, device)
+    kernels = _cpu_kernels(mode, device)
     if kernels is None:
         choice = vendor.choose_path(
             "VLLM_KUNLUN_SAMPLER",
             mode,
             device,
             _vendor_function,
-            cpu_reason="the logits are on the CPU",
+            cpu_reason=CPU_REASON,
             demanded_fix=f"Install the vendor op library of the validated combination "
             f"({versions.label('kunlun_ops')})",
             fallback_warning="vllm-kunlun: sampling on %s uses the portable torch "
             "kernels, not the vendor kernel: %s",
         )
         kernels = SamplingKernels(choice.name, choice.reason, choice.vendor)
-        if mode == "auto" and device.type == "cpu" and choice.name == PORTABLE:
-            why = native.preferred()[1]
-            kernels = SamplingKernels(PORTABLE, f"{choice.reason}; {why}")
     logger.info_once(
         "vllm-kunlun: sampling kernels: %s (%s)", kernels.name, kernels.reason
     )
     return kernels
 
 
-def _native_kernels(mode: str, device: torch.device) -> SamplingKernels | None:
-    """The native CPU kernel when ``mode`` asks for it (``native``) or allows it
-    (``auto`` with CPU tensors, unless host emulation takes the vendor paths)."""
+CPU_REASON = "the logits are on the CPU"
+
+
+def _cpu_kernels(mode: str, device: torch.device) -> SamplingKernels | None:
+    """The choice that is the native kernel's to make: ``native`` (it or an error), and
+    ``auto`` with CPU tensors (it where it is faster, else portable torch and why);
+    None leaves the choice to ``vendor.choose_path`` (devices, host emulation taking
+    the vendor paths, ``vendor``, ``portable``)."""
     if mode == NATIVE:
         if device.type != "cpu":
             raise RuntimeError(
@@ -159,6 +161,4 @@ def _native_kernels(mode: str, device: torch.device) -> SamplingKernels | None:
     if mode != "auto" or device.type != "cpu" or envs.VLLM_KUNLUN_EMULATION_VENDOR:
         return None
     ok, why = native.preferred()
-    if not ok:
-        return None
-    return SamplingKernels(NATIVE, f"the logits are on the CPU; {why}")
+    return SamplingKernels(NATIVE if ok else PORTABLE, f"{CPU_REASON}; {why}")

@@ -92,7 +92,8 @@ def sample(
         )
     if logits.device.type != "cpu":
         raise ValueError(
-            f"the native sampler runs on the CPU; the logits are on {logits.device}"
+            f"the native sampler runs on the CPU; the logits are on {logits.device} "
+            "(sampling_portable.sample serves any device)"
         )
     batch, vocab = logits.shape
     u = draw_ops.uniform_rows(uniforms, batch)
