@@ -407,8 +407,9 @@ struct Scratch {
   std::vector<float> bmax;
   std::vector<float> weight;
   std::vector<double> cum;
-  std::vector<float> heap;
+  std::vector<float> values;  // selection scratch, then the candidates' logits
   std::vector<Candidate> cand;
+  std::vector<float> cand_weight;
   std::vector<double> cand_cum;
 };
 
@@ -459,6 +460,7 @@ class Row {
       if (s_.bmax[b] > lo) total += static_cast<double>(s_.weight[b]) * block_size(b);
       s_.cum[b] = total;
     }
+    proposal_total_ = total;
     return total;
   }
 
@@ -514,12 +516,20 @@ class Row {
     return last;  // rounding ran past the end: the last token with weight
   }
 
-  // Draw among s_.cand[0, n) by their weights.
+  // The weights of s_.cand[0, n) into s_.cand_weight, by the vector exp.
+  void weigh(int64_t n) {
+    s_.values.resize(n);
+    s_.cand_weight.resize(n);
+    for (int64_t i = 0; i < n; ++i) s_.values[i] = s_.cand[i].value;
+    k_.exps(s_.values.data(), n, m_, s_.cand_weight.data());
+  }
+
+  // Draw among s_.cand[0, n) by their weights (weigh() has run).
   int64_t draw_candidates(int64_t n) {
     double total = 0.0;
     s_.cand_cum.resize(n);
     for (int64_t i = 0; i < n; ++i) {
-      total += weight(s_.cand[i].value);
+      total += s_.cand_weight[i];
       s_.cand_cum[i] = total;
     }
     if (!(total > 0.0)) return 0;
@@ -527,14 +537,14 @@ class Row {
     int64_t i = std::upper_bound(s_.cand_cum.begin(), s_.cand_cum.begin() + n, target) -
                 s_.cand_cum.begin();
     i = std::min(i, n - 1);
-    while (i > 0 && weight(s_.cand[i].value) <= 0.0f) --i;
+    while (i > 0 && s_.cand_weight[i] <= 0.0f) --i;
     return s_.cand[i].index;
   }
 
   // The k-th largest block maximum (k <= nblocks_): a lower bound of the k-th largest
   // logit. A min-heap of the k largest seen: most maxima cost one comparison.
   float kth_block_max(int64_t k) {
-    std::vector<float>& heap = s_.heap;
+    std::vector<float>& heap = s_.values;
     heap.assign(s_.bmax.begin(), s_.bmax.begin() + k);
     std::make_heap(heap.begin(), heap.end(), std::greater<float>());
     for (int64_t b = k; b < nblocks_; ++b) {
@@ -555,7 +565,7 @@ class Row {
   float kth_sampled(int64_t k) {
     const int64_t n = std::min<int64_t>(vocab_, 4096);
     const int64_t stride = vocab_ / n;
-    std::vector<float>& sample = s_.heap;
+    std::vector<float>& sample = s_.values;
     sample.resize(n);
     for (int64_t i = 0; i < n; ++i) sample[i] = x_[i * stride];
     int64_t rank = std::max<int64_t>(1, (3 * k * n + 2 * vocab_ - 1) / (2 * vocab_));
@@ -586,22 +596,23 @@ class Row {
     const auto kept_end = std::partition(
         s_.cand.begin(), s_.cand.end(), [kth](const Candidate& c) { return c.value >= kth; });
     int64_t kept = kept_end - s_.cand.begin();
+    if (top_p < 1.0f) std::sort(s_.cand.begin(), kept_end, before);
+    weigh(kept);
     if (top_p < 1.0f) {
-      std::sort(s_.cand.begin(), kept_end, before);
       double mass = 0.0;
-      for (int64_t i = 0; i < kept; ++i) mass += weight(s_.cand[i].value);
+      for (int64_t i = 0; i < kept; ++i) mass += s_.cand_weight[i];
       kept = nucleus(kept, static_cast<double>(top_p) * mass);
     }
     return draw_candidates(kept);
   }
 
-  // The kept prefix of the descending s_.cand[0, n): the smallest prefix whose mass
-  // reaches `target`, extended over ties of its last value.
+  // The kept prefix of the descending, weighed s_.cand[0, n): the smallest prefix
+  // whose mass reaches `target`, extended over ties of its last value.
   int64_t nucleus(int64_t n, double target) {
     double cum = 0.0;
     int64_t j = 0;
     for (; j < n; ++j) {
-      cum += weight(s_.cand[j].value);
+      cum += s_.cand_weight[j];
       if (cum >= target) break;
     }
     if (j >= n) return n;
@@ -629,13 +640,9 @@ class Row {
     const double p = top_p;
     int64_t token = draw_above(-kInf);
     float value = x_[token];
-    // Cheap accept: a token heavier than (1 - p) of the proposal's total (an upper
-    // bound of the row's mass) has less than p of the mass above it.
-    double bound = 0.0;
-    for (int64_t b = 0; b < nblocks_; ++b) {
-      bound += static_cast<double>(s_.weight[b]) * block_size(b);
-    }
-    if (weight(value) > (1.0 - p) * bound) return token;
+    // Cheap accept: a token heavier than (1 - p) of the whole-row proposal's total (an
+    // upper bound of the row's mass) has less than p of the mass above it.
+    if (weight(value) > (1.0 - p) * proposal_total_) return token;
     Masses approx = k_.masses_approx(x_, vocab_, s_.bmax.data(), m_, value, false);
     Estimate total{approx.total, false}, above{approx.mass, false};
     for (int64_t round = 0;; ++round) {
@@ -668,6 +675,7 @@ class Row {
     std::sort(s_.cand.begin(), s_.cand.end(), before);
     const int64_t n = static_cast<int64_t>(s_.cand.size());
     if (n == 0) return token;
+    weigh(n);
     return draw_candidates(nucleus(n, p * total.value));
   }
 
@@ -679,6 +687,7 @@ class Row {
   const Kernels& k_;
   const int64_t max_tries_;
   float m_ = 0.0f;
+  double proposal_total_ = 0.0;  // of the latest proposal()
 };
 
 }  // namespace vllm_kunlun::sampling
