@@ -207,6 +207,24 @@ def model_dir(args: argparse.Namespace) -> str:
     return str(ensure_tiny_model(target, TinyQwen3Spec(vocab_size=VOCAB)))
 
 
+def child_spec(engine: Engine, args: argparse.Namespace, model: str) -> dict[str, Any]:
+    """What one engine's child process runs (written to its spec file)."""
+    return {
+        "model": model,
+        "llm": engine.llm,
+        # The plugin's worker installs our sampler in every model process: the native
+        # engine's child puts vLLM's back (serving_info's worker extension).
+        "vllm_sampler": engine.sampler == "native",
+        "num_seqs": args.num_seqs,
+        "prompt_len": args.prompt_len,
+        "sampling": {
+            k: v
+            for k, v in (("top_k", args.top_k), ("top_p", args.top_p))
+            if v is not None
+        },
+    }
+
+
 class Child:
     """One engine process and its log; ``ask`` sends a command and reads the reply."""
 
@@ -214,18 +232,7 @@ class Child:
         self, engine: Engine, args: argparse.Namespace, model: str, work: Path
     ) -> None:
         self.engine = engine
-        spec = {
-            "model": model,
-            "llm": engine.llm,
-            "vllm_sampler": engine.sampler == "native",
-            "num_seqs": args.num_seqs,
-            "prompt_len": args.prompt_len,
-            "sampling": {
-                k: v
-                for k, v in (("top_k", args.top_k), ("top_p", args.top_p))
-                if v is not None
-            },
-        }
+        spec = child_spec(engine, args, model)
         spec_path = work / f"{engine.name}.spec.json"
         spec_path.write_text(json.dumps(spec))
         env = {k: v for k, v in os.environ.items() if k != "VLLM_PLUGINS"}

@@ -41,7 +41,31 @@ def test_cpu_compares_our_sampler_with_vllms_in_emulation(bench: ModuleType) -> 
     # process, so the native engine's child swaps vLLM's back in (a worker extension
     # method), and check_served refuses the run if that did not happen.
     assert ours.env == native.env and "VLLM_PLUGINS" not in native.env
-    assert (ours.sampler, native.sampler) == ("ours", "native")
+    args = bench.parse_args([])
+    assert bench.child_spec(native, args, "m")["vllm_sampler"] is True
+    assert bench.child_spec(ours, args, "m")["vllm_sampler"] is False
+
+
+def test_the_native_engine_worker_gets_vllms_sampler_back() -> None:
+    """The worker-extension method the native engine's child calls: the worker's
+    sampler, built with ours as the patched worker builds it, samples with vLLM's own
+    TopKTopPSampler afterwards, and the method says which forward that is."""
+    from types import SimpleNamespace
+
+    from vllm.v1.sample.ops.topk_topp_sampler import TopKTopPSampler
+    from vllm.v1.sample.sampler import Sampler
+
+    from vllm_kunlun.demo.serving_info import ServingInfo
+    from vllm_kunlun.sample.topk_topp import KunlunTopKTopPSampler
+
+    sampler = Sampler()
+    sampler.topk_topp_sampler = KunlunTopKTopPSampler()
+    worker = SimpleNamespace(model_runner=SimpleNamespace(sampler=sampler))
+    forward = ServingInfo.vllm_kunlun_use_vllm_sampler(worker)  # type: ignore[arg-type]
+    assert type(sampler.topk_topp_sampler) is TopKTopPSampler
+    method = sampler.topk_topp_sampler.forward.__func__
+    assert forward == f"{method.__module__}.{method.__qualname__}"
+    assert forward.startswith("vllm.v1.sample.ops.topk_topp_sampler.TopKTopPSampler.")
 
 
 def test_cuda_compares_graphs_with_eager_on_kunlun_platform(bench: ModuleType) -> None:
