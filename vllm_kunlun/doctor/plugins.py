@@ -6,8 +6,8 @@ platform plugin (``vllm.platform_plugins``) means vLLM never picks the Kunlun pl
 (or host emulation): a failure. Leaving out the general plugin
 (``vllm.general_plugins``) means the front-end processes run without the engine-start
 guards (a missing local model path, out-of-range prompt token ids): a warning. The
-workers are not affected: the plugin's worker applies the runtime fixes itself. The entry point names are read from the installed metadata,
-so the check follows setup.py.
+workers are not affected: the plugin's worker applies the runtime fixes itself. The
+entry point names are read from the installed metadata, so the check follows setup.py.
 """
 
 from __future__ import annotations

@@ -77,8 +77,8 @@ GENERAL_PLUGIN = "kunlun_runtime_fixes"
 def warn_if_general_plugin_filtered() -> bool:
     """Warn (once) when VLLM_PLUGINS keeps our general plugin out; True if it does.
 
-    The workers apply the sampling patches themselves (``runtime_fixes.prepare_model_process``),
-    but the front end then runs without the engine-start guards (model path, token ids).
+    The workers apply the sampling patches themselves (``prepare_model_process``), but
+    the front end then runs without the engine-start guards (model path, token ids).
     """
     import vllm.envs
 
