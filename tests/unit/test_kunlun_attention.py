@@ -12,12 +12,17 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 import torch
 import torch.nn.functional as F
-from vllm.v1.attention.backend import AttentionType, CommonAttentionMetadata
+from vllm.v1.attention.backend import (
+    AttentionType,
+    CommonAttentionMetadata,
+    MultipleOf,
+)
 from vllm.v1.attention.backends.registry import AttentionBackendEnum
 from vllm.v1.attention.selector import AttentionSelectorConfig
 
@@ -379,3 +384,91 @@ def test_emulation_takes_the_vendor_backend_only_with_the_switch(
         plat.get_attn_backend_cls(AttentionBackendEnum.CUSTOM, sel)
         == attention.PORTABLE_BACKEND_PATH
     )
+
+
+# ---- page sizes of hybrid models ---------------------------------------------------
+# vLLM pads a hybrid's attention page to a multiple of 16 tokens that holds one GDN
+# state: 48 for a narrow GDN, 400 for the log's 27B at TP 8, 544 for others. None is in
+# vLLM's literal BlockSize list.
+HYBRID_PAGES = [48, 400, 544]
+
+
+@pytest.mark.parametrize("block_size", [16, *HYBRID_PAGES])
+def test_kunlun_serves_every_hybrid_page_on_the_vendor_kernels(
+    fake_ops: Any, clean_custom_slot: None, block_size: int
+) -> None:
+    # The log's attention layer: head_dim 256 (24 query / 4 KV heads), bfloat16.
+    sel = selector(head_size=256, block_size=block_size)
+    assert KunlunPlatform.get_attn_backend_cls(None, sel) == BACKEND_PATH
+    # vLLM's model runner keeps the page as the kernel block (no split).
+    assert attention.kernel_block_size(KunlunAttentionBackend, block_size) == block_size
+
+
+@pytest.mark.parametrize("block_size", [16, *HYBRID_PAGES])
+def test_emulation_vendor_path_serves_every_hybrid_page(
+    fake_ops: Any,
+    monkeypatch: pytest.MonkeyPatch,
+    clean_custom_slot: None,
+    block_size: int,
+) -> None:
+    sel = selector(dtype=torch.float32, head_size=32, block_size=block_size)
+    plat = KunlunHostEmulationPlatform
+    monkeypatch.setenv("VLLM_KUNLUN_EMULATION_VENDOR", "1")
+    assert plat.get_attn_backend_cls(None, sel) == BACKEND_PATH
+    monkeypatch.delenv("VLLM_KUNLUN_EMULATION_VENDOR")
+    assert plat.get_attn_backend_cls(None, sel) == attention.PORTABLE_BACKEND_PATH
+
+
+def test_a_page_outside_the_kernel_blocks_falls_back_naming_size_and_reason(
+    fake_ops: Any, clean_custom_slot: None
+) -> None:
+    sel = selector(head_size=256, block_size=8)
+    path, why = attention.select_kunlun(sel)
+    assert path is None
+    assert "attention block size 8 cannot be split into its kernel blocks" in why
+    assert "multiples of 16" in why
+    triton = AttentionBackendEnum.TRITON_ATTN.get_path()
+    assert KunlunPlatform.get_attn_backend_cls(None, sel) == triton
+
+
+@pytest.mark.parametrize(
+    "declared",
+    [
+        lambda: [MultipleOf(1)],
+        lambda: [MultipleOf(16)],
+        lambda: [16],
+        lambda: [32, 64],
+        lambda: [16, MultipleOf(48)],
+        lambda: [],
+    ],
+)
+def test_kernel_block_size_is_vllms_choice(declared: Any) -> None:
+    """Our answer agrees with vLLM's own GPUModelRunner.select_common_block_size for
+    one backend, at every page size vLLM can pick (and some it cannot)."""
+    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+
+    class Backend:
+        @staticmethod
+        def get_supported_kernel_block_sizes() -> list:
+            return declared()
+
+    group = SimpleNamespace(backend=Backend)
+    for block in [1, 8, 16, 24, 32, 48, 64, 96, 400, 544, 1000]:
+        try:
+            expected: int | None = GPUModelRunner.select_common_block_size(
+                block, [group]
+            )
+        except ValueError:
+            expected = None
+        if not declared():
+            expected = block  # vLLM: an empty list supports every size
+        assert attention.kernel_block_size(Backend, block) == expected, block
+
+
+def test_portable_backend_runs_every_page_unsplit() -> None:
+    from vllm_kunlun.attention.backend import PortableAttentionBackend
+
+    for block in [1, 8, 16, 48, 400, 544, 1000]:
+        assert PortableAttentionBackend.supports_block_size(block)
+        assert attention.kernel_block_size(PortableAttentionBackend, block) == block
+    assert attention.block_size_reason(PortableAttentionBackend, 400) is None

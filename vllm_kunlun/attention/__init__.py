@@ -6,6 +6,15 @@ vLLM 0.15.1 selects out-of-tree attention backends by one name, ``CUSTOM``
 override table. ``register()`` fills that entry with our backend; the plugin's platforms
 call it in every process, so the name resolves in the engine core and in each worker.
 Importing this package stays cheap: the backend module is loaded by vLLM on use.
+
+Page sizes: vLLM's KV manager gives a hybrid model (attention beside GDN/Mamba layers)
+an attention page of whatever multiple of 16 tokens holds one recurrent state (48, 400,
+544, ...), outside the literal ``BlockSize`` list that vLLM's base
+``AttentionBackend.supports_block_size`` checks. Each backend here declares the kernel
+block sizes it runs (``get_supported_kernel_block_sizes``) and accepts any manager block
+its model runner can split into them (``kernel_block_size``, vLLM's
+``select_common_block_size`` for one backend), so selection never refuses a page the
+engine would serve.
 """
 
 from __future__ import annotations
@@ -13,6 +22,65 @@ from __future__ import annotations
 from typing import Any
 
 PORTABLE_BACKEND_PATH = "vllm_kunlun.attention.backend.PortableAttentionBackend"
+
+
+def kernel_block_size(backend: Any, block_size: int) -> int | None:
+    """The kernel block vLLM's model runner gives ``backend`` for a KV-manager block of
+    ``block_size`` tokens, or None when it has none (the engine would fail at start
+    with "No common block size").
+
+    The manager block itself when a declared size accepts it (an ``int`` equal to it or
+    a ``MultipleOf`` dividing it); else the largest declared ``int`` size that divides
+    it: the runner then splits each manager block into that many kernel blocks.
+    """
+    from vllm.v1.attention.backend import MultipleOf
+
+    declared = backend.get_supported_kernel_block_sizes()
+    if not declared:
+        return block_size
+
+    def accepts(size: int) -> bool:
+        return any(
+            size % d.base == 0 if isinstance(d, MultipleOf) else size == d
+            for d in declared
+        )
+
+    if accepts(block_size):
+        return block_size
+    fixed = sorted({d for d in declared if isinstance(d, int)}, reverse=True)
+    return next((d for d in fixed if block_size % d == 0 and accepts(d)), None)
+
+
+def describe_kernel_block_sizes(backend: Any) -> str:
+    """``multiples of 16``, ``16 or 32``: a backend's declared sizes in words."""
+    from vllm.v1.attention.backend import MultipleOf
+
+    words = [
+        ("any size" if d.base == 1 else f"multiples of {d.base}")
+        if isinstance(d, MultipleOf)
+        else str(d)
+        for d in backend.get_supported_kernel_block_sizes()
+    ]
+    return " or ".join(words) or "any size"
+
+
+def block_size_reason(backend: Any, block_size: int | None) -> str | None:
+    """Why ``backend`` cannot serve pages of ``block_size`` tokens, or None if it can."""
+    if block_size is None or kernel_block_size(backend, block_size) is not None:
+        return None
+    return (
+        f"attention block size {block_size} cannot be split into its kernel blocks "
+        f"({describe_kernel_block_sizes(backend)})"
+    )
+
+
+def _reasons(backend: Any, attn_selector_config: Any) -> list[str]:
+    """vLLM's ``validate_configuration`` for this layer, the block size in words."""
+    reasons = backend.validate_configuration(
+        device_capability=None, **attn_selector_config._asdict()
+    )
+    block = block_size_reason(backend, attn_selector_config.block_size)
+    return [block if r == "block_size not supported" and block else r for r in reasons]
 
 
 def register() -> str:
@@ -59,9 +127,7 @@ def select_portable(attn_selector_config: Any) -> str:
     if path != PORTABLE_BACKEND_PATH:
         return path  # someone else's CUSTOM backend, chosen explicitly
     backend = resolve_obj_by_qualname(path)
-    reasons = backend.validate_configuration(
-        device_capability=None, **attn_selector_config._asdict()
-    )
+    reasons = _reasons(backend, attn_selector_config)
     if reasons:
         raise ValueError(
             "The vllm-kunlun portable attention backend (CUSTOM) cannot serve this "
@@ -94,9 +160,7 @@ def select_kunlun(attn_selector_config: Any) -> tuple[str | None, str]:
     from vllm_kunlun.attention.kunlun import BACKEND_PATH
 
     backend = resolve_obj_by_qualname(BACKEND_PATH)
-    reasons = backend.validate_configuration(
-        device_capability=None, **attn_selector_config._asdict()
-    )
+    reasons = _reasons(backend, attn_selector_config)
     if reasons:
         return None, f"it cannot serve {attn_selector_config!r}: {', '.join(reasons)}"
     return BACKEND_PATH, f"{VENDOR_MODULE} has {', '.join(ATTENTION_KERNELS)}"

@@ -19,6 +19,7 @@ from vllm.v1.attention.backend import (
     AttentionLayer,
     AttentionMetadata,
     CommonAttentionMetadata,
+    MultipleOf,
 )
 from vllm.v1.attention.backends.utils import split_decodes_and_prefills
 
@@ -86,6 +87,12 @@ class PortableAttentionMetadataBuilder(
 
 
 class PortableAttentionBackend(PluginAttentionBackend):
+    @staticmethod
+    def get_supported_kernel_block_sizes() -> list[int | MultipleOf]:
+        # Pages are indexed by slot arithmetic (paged.py): every block size works, so
+        # a hybrid's page is the kernel block, never split.
+        return [MultipleOf(1)]
+
     @staticmethod
     def get_impl_cls() -> type[PortableAttentionImpl]:
         return PortableAttentionImpl

@@ -56,6 +56,15 @@ class PluginAttentionBackend(AttentionBackend):
     def supports_attn_type(cls, attn_type: str) -> bool:
         return attn_type == AttentionType.DECODER
 
+    @classmethod
+    def supports_block_size(cls, block_size: int | None) -> bool:
+        # vLLM's base method also requires one of the literal BlockSize values, which
+        # hybrid pages (48, 400, 544 tokens, ...) are not; what matters is whether the
+        # model runner can split the page into this backend's kernel blocks.
+        from vllm_kunlun.attention import kernel_block_size
+
+        return block_size is None or kernel_block_size(cls, block_size) is not None
+
 
 class DecodesFirstMetadataBuilder(AttentionMetadataBuilder[M]):
     """vLLM puts requests with one new token (decodes) first; no CUDA graphs (the

@@ -39,6 +39,7 @@ from vllm.v1.attention.backend import (
     AttentionLayer,
     AttentionMetadata,
     CommonAttentionMetadata,
+    MultipleOf,
 )
 from vllm.v1.attention.backends.utils import split_decodes_and_prefills
 
@@ -57,6 +58,12 @@ BACKEND_PATH = "vllm_kunlun.attention.kunlun.KunlunAttentionBackend"
 DISPLAY_NAME = "vllm-kunlun Kunlun attention (kunlun_ops kernels)"
 # The head sizes upstream's Kunlun paged attention lists as supported.
 SUPPORTED_HEAD_SIZES = [32, 64, 80, 96, 112, 120, 128, 192, 256, 512]
+# Kernel block sizes: the vendor kernels read the block size from the cache tensor's
+# shape (upstream passes ``block_size=key_cache.shape[2]`` where a call names it) and
+# upstream declares no constraint, so its pages are whatever vLLM picks: 16 by default
+# and multiples of 16 for hybrids (vLLM aligns hybrid pages to 16 tokens). Multiples of
+# 16 is what has been run; another size (``--block-size 8``) falls back, logged.
+KERNEL_BLOCK_ALIGNMENT = 16
 FIX = "Use --attention-backend TRITON_ATTN (or CUSTOM, the portable torch backend)."
 
 
@@ -210,6 +217,10 @@ class KunlunAttentionMetadataBuilder(
 
 class KunlunAttentionBackend(PluginAttentionBackend):
     # float32 (accepted) is what host emulation runs; on a P800 models run in bfloat16.
+    @staticmethod
+    def get_supported_kernel_block_sizes() -> list[int | MultipleOf]:
+        return [MultipleOf(KERNEL_BLOCK_ALIGNMENT)]
+
     @staticmethod
     def get_impl_cls() -> type[KunlunAttentionImpl]:
         return KunlunAttentionImpl
