@@ -3,8 +3,11 @@
 Why: vLLM 0.15.1 has no Qwen3.5 implementation ("Model architectures
 ['Qwen3_5ForConditionalGeneration'] are not supported for now").
 
-How: ``register_models()`` registers each architecture as a lazy ``"module:Class"``
-string (the model module is imported only when that architecture is served). It must
+How: ``register_models()`` puts a lazy entry for each architecture into vLLM's
+registry (the model module is imported only when that architecture is served): an
+``inspection.InProcessLazyModel``, which vLLM inspects in this process instead of in a
+fresh interpreter per engine start, or, when vLLM's private registry classes are not
+the ones it was written for, the plain ``"module:Class"`` string (logged). It must
 run in every process that resolves a model class: the process that builds the engine
 config (``ModelConfig`` inspects the architecture) and every process that builds the
 model (the engine core with the in-process executor, each multiprocessing or Ray worker
@@ -52,12 +55,18 @@ def register_models() -> list[str]:
     """
     from vllm.model_executor.models.registry import ModelRegistry
 
+    from vllm_kunlun.models.inspection import in_process_entry
+
     added = []
     for arch, target in ARCHITECTURES.items():
         if _registered_here(ModelRegistry, arch, target):
             continue
         if arch in ModelRegistry.get_supported_archs():
             continue  # vLLM's own implementation wins
-        ModelRegistry.register_model(arch, target)
+        entry = in_process_entry(target)
+        if entry is None:
+            ModelRegistry.register_model(arch, target)
+        else:
+            ModelRegistry.models[arch] = entry
         added.append(arch)
     return added
