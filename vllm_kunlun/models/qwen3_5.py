@@ -124,6 +124,21 @@ def _refuse_unsupported(vllm_config: VllmConfig) -> None:
             "speculative decoding (MTP) on Qwen3.5 is not supported by vllm-kunlun "
             "yet; remove --speculative-config"
         )
+    tp = vllm_config.parallel_config.tensor_parallel_size
+    for field in (
+        "num_attention_heads",
+        "linear_num_key_heads",
+        "linear_num_value_heads",
+    ):
+        heads = getattr(config, field)
+        if heads % tp:
+            raise ValueError(
+                f"this Qwen3.5 has {field}={heads}, which tensor parallel size {tp} "
+                "does not divide (each rank holds an equal share of the heads); use a "
+                "--tensor-parallel-size that divides "
+                f"{config.num_attention_heads}, {config.linear_num_key_heads} and "
+                f"{config.linear_num_value_heads}"
+            )
     if vllm_config.cache_config.mamba_cache_mode == "all":
         raise ValueError(
             "Qwen3.5 supports prefix caching only in mamba_cache_mode='align'; use "

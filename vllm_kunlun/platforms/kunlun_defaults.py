@@ -73,9 +73,36 @@ def apply_kunlun_defaults(vllm_config: VllmConfig) -> None:
         if getattr(pass_config, name, False):
             _set(pass_config, name, False, "fusion pass not runnable on torch 2.5.1")
 
+    refuse_unschedulable_prefill(vllm_config)
+
     if vllm_config.lora_config is not None:
         raise ValueError(
             "LoRA is not supported on Kunlun by vllm-kunlun (vLLM's punica kernels are "
             "not validated on P800). Remove --enable-lora, or merge the adapter into "
             "the model weights."
         )
+
+
+def refuse_unschedulable_prefill(vllm_config: VllmConfig) -> None:
+    """Refuse a hybrid with prefix caching whose step budget is below one page.
+
+    Why: with ``mamba_cache_mode='align'`` vLLM 0.15.1's scheduler cuts every prefill
+    chunk that does not reach the prompt's last whole page down to a multiple of the
+    attention page (``_mamba_block_aligned_split``): with ``max_num_batched_tokens``
+    below the page (400 tokens for the log's 27B at TP 8) a prompt longer than a page
+    is cut to 0 tokens at every step and the engine idles forever, without an error.
+    Removal: when vLLM schedules such chunks (or refuses the configuration) itself.
+    """
+    cache, sched = vllm_config.cache_config, vllm_config.scheduler_config
+    if cache is None or sched is None or cache.mamba_cache_mode != "align":
+        return
+    page, budget = cache.block_size, sched.max_num_batched_tokens
+    if page is None or budget is None or budget >= page:
+        return
+    raise ValueError(
+        f"max_num_batched_tokens={budget} is smaller than this hybrid model's "
+        f"attention page of {page} tokens: with prefix caching (mamba_cache_mode "
+        "'align') vLLM prefills in whole pages, so a prompt longer than a page would "
+        f"never be scheduled. Use --max-num-batched-tokens {page} or more, or "
+        "--no-enable-prefix-caching."
+    )
