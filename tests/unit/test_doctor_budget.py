@@ -275,3 +275,85 @@ def test_unreadable_config_is_a_skip_naming_the_file(tmp_path: Path) -> None:
     (Path(model) / "config.json").write_bytes(b"\xff{}")
     f = _check(model)
     assert f.status == "skip" and "config.json is not UTF-8" in f.cause
+
+
+# ---- which backend serves the page ----------------------------------------------
+KUNLUN = "vllm_kunlun.attention.kunlun.KunlunAttentionBackend"
+PORTABLE = "vllm_kunlun.attention.backend.PortableAttentionBackend"
+
+
+@pytest.fixture
+def vendor_ops(fake_vendor_path: Path, monkeypatch: pytest.MonkeyPatch) -> object:
+    import kunlun_ops  # the fake, from tests/fakes
+    from vllm.v1.attention.backends.registry import AttentionBackendEnum
+
+    kunlun_ops.reset()
+    monkeypatch.delenv("VLLM_KUNLUN_HOST_EMULATION", raising=False)
+    yield kunlun_ops
+    AttentionBackendEnum.CUSTOM.clear_override()
+
+
+def _log_at_tp8(tmp_path: Path):  # type: ignore[no-untyped-def]
+    return _check(
+        _model_dir(tmp_path, FLAT),
+        tensor_parallel_size=8,
+        max_num_seqs=256,
+        gpu_memory_utilization=0.75,
+        mamba_cache_dtype="float32",
+    )
+
+
+def test_the_logs_400_token_page_is_served_by_the_kunlun_kernels(
+    tmp_path: Path, vendor_ops: object
+) -> None:
+    f = _log_at_tp8(tmp_path)
+    assert f.details["attention_block_size"] == 400
+    assert f.details["kernel_block_size"] == 400
+    assert f.details["attention_backend"] == KUNLUN
+    assert f.details["attention_platform"] == "KunlunPlatform"
+    assert "attention: 400-token pages, kernel block 400, KunlunAttentionBackend" in (
+        f.cause
+    )
+
+
+def test_without_the_vendor_kernels_the_page_goes_to_triton(
+    tmp_path: Path, vendor_ops: object, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delattr(vendor_ops, "prefill_attention")
+    f = _log_at_tp8(tmp_path)
+    assert f.details["attention_backend"].endswith("TritonAttentionBackend")
+    assert f.details["kernel_block_size"] == 400  # Triton: multiples of 16
+
+
+def test_host_emulation_serves_the_page_on_the_portable_backend(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from vllm.v1.attention.backends.registry import AttentionBackendEnum
+
+    monkeypatch.setenv("VLLM_KUNLUN_HOST_EMULATION", "1")
+    monkeypatch.delenv("VLLM_KUNLUN_EMULATION_VENDOR", raising=False)
+    try:
+        f = _log_at_tp8(tmp_path)
+    finally:
+        AttentionBackendEnum.CUSTOM.clear_override()
+    assert f.details["attention_backend"] == PORTABLE
+    assert f.details["attention_platform"] == "KunlunHostEmulationPlatform"
+    assert f.details["kernel_block_size"] == 400
+
+
+def test_a_refused_selection_is_reported_not_raised(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from vllm_kunlun.doctor import attention_path
+
+    class Refusing:
+        @classmethod
+        def get_attn_backend_cls(cls, selected: object, config: object) -> str:
+            raise ValueError(f"no backend for head size {config.head_size}")  # type: ignore[attr-defined]
+
+    monkeypatch.setattr(attention_path, "platform_class", lambda: Refusing)
+    f = _log_at_tp8(tmp_path)
+    assert f.status == "fail", f
+    assert f.details["attention_backend"] is None
+    assert "no backend for head size 256" in f.cause
+    assert "--attention-backend CUSTOM" in f.fix

@@ -102,7 +102,28 @@ def test_existing_model_without_weights_warns(site: Path) -> None:
 def test_unknown_architecture_fails(site: Path) -> None:
     f = check_model_path(_ctx(site, _model(site, "Qwen9ForTimeTravel", True)))
     assert f.status == "fail"
-    assert "not supported by vLLM 0.15.1" in f.cause
+    assert "served neither by vLLM 0.15.1 nor by vllm-kunlun" in f.cause
+    assert "Qwen3_5ForCausalLM" in f.cause  # what the plugin does serve
+
+
+def test_existing_model_known_to_vllm_says_vllm_serves_it(site: Path) -> None:
+    f = check_model_path(_ctx(site, _model(site, "Qwen3ForCausalLM", True)))
+    assert f.details["served_by"] == "vLLM 0.15.1"
+    assert "served by vLLM 0.15.1" in f.cause
+
+
+@pytest.mark.parametrize("layout", ["causal", "composite"])
+def test_the_plugins_qwen3_5_checkpoints_pass(tmp_path: Path, layout: str) -> None:
+    """vLLM 0.15.1 has no Qwen3.5; the doctor knows the plugin serves it (before, it
+    failed the plugin's own tiny checkpoint, which `vllm serve` serves)."""
+    from vllm_kunlun.demo.tiny_model import write_tiny_model
+    from vllm_kunlun.demo.tiny_qwen3_5 import TinyQwen3_5Spec
+
+    model = write_tiny_model(tmp_path / layout, TinyQwen3_5Spec(layout=layout))
+    f = check_model_path(_ctx(tmp_path, str(model)))
+    assert f.status == "ok", f
+    assert f.details["served_by"] == "vllm-kunlun"
+    assert "served by vllm-kunlun" in f.cause
 
 
 def test_no_model_is_skipped() -> None:

@@ -39,6 +39,9 @@ from typing import Any
 
 from vllm_kunlun.doctor.finding import Context, Finding
 
+# The block size both platforms default to (kunlun_defaults, emulation_defaults).
+DEFAULT_BLOCK_SIZE = 16
+
 GIB = 1 << 30
 KERNEL_BLOCK_ALIGNMENT = 16
 """vLLM pads hybrid attention blocks to multiples of 16 tokens (non-MLA backends)."""
@@ -560,7 +563,42 @@ def check_kv_budget(ctx: Context) -> Finding:
         "weights_source": weights_source,
     }
     finding = to_finding(budget, details)
+    finding = with_attention_path(finding, shape, budget.attention_block_size)
     finding.details["arithmetic"][0] += f" [{device_source}]"
     if weights is not None:
         finding.details["arithmetic"][2] += f" [{weights_source}]"
     return finding
+
+
+def with_attention_path(finding: Finding, shape: ModelShape, page: int) -> Finding:
+    """The finding with the page vLLM will pick, the kernel block and the backend that
+    serves it on this host (``attention_path``); a page no kernel block fits fails."""
+    from vllm_kunlun.doctor.attention_path import attention_path
+
+    if not shape.attention_layers:
+        return finding
+    block = page or shape.block_size or DEFAULT_BLOCK_SIZE
+    chosen = attention_path(
+        head_size=shape.head_dim, dtype=shape.dtype, block_size=block
+    )
+    backend = (chosen.backend or "none").rsplit(".", 1)[-1]
+    finding.details.update(
+        attention_block_size=block,
+        kernel_block_size=chosen.kernel_block_size,
+        attention_backend=chosen.backend,
+        attention_platform=chosen.platform,
+    )
+    line = (
+        f"attention: {block}-token pages, kernel block {chosen.kernel_block_size}, "
+        f"{backend} on {chosen.platform}"
+    )
+    if chosen.backend is None or chosen.kernel_block_size is None:
+        why = chosen.why or f"{backend} has no kernel block that divides {block}"
+        return dataclasses.replace(
+            finding,
+            status="fail",
+            cause=f"{line}: {why}",
+            fix="pass --block-size with a multiple of 16, or --attention-backend "
+            "CUSTOM (the portable backend runs any page)",
+        )
+    return dataclasses.replace(finding, cause=f"{finding.cause}; {line}")

@@ -146,6 +146,13 @@ def vllm_architectures() -> set[str]:
     return set(ModelRegistry.get_supported_archs())
 
 
+def plugin_architectures() -> dict[str, str]:
+    """Architectures the plugin serves itself (registered with vLLM at engine start)."""
+    from vllm_kunlun.models import ARCHITECTURES
+
+    return dict(ARCHITECTURES)
+
+
 def check_model_dir(path: str, details: dict[str, Any]) -> Finding:
     if not os.path.isdir(path):
         return Finding(
@@ -196,17 +203,23 @@ def check_model_dir(path: str, details: dict[str, Any]) -> Finding:
             details,
         )
     details.update(model_type=config.get("model_type"), architectures=archs)
+    ours = plugin_architectures()
     known = vllm_architectures()
-    if not archs or not any(a in known for a in archs):
+    served = [a for a in archs if a in known or a in ours]
+    if not served:
         return Finding(
             "model_path",
             "fail",
             f"{path}: architectures {archs or '(none)'} (model_type "
-            f"{config.get('model_type')!r}) are not supported by vLLM 0.15.1",
-            "use a model whose architecture vLLM 0.15.1 supports, or fix the "
-            "'architectures' field of config.json",
+            f"{config.get('model_type')!r}) are served neither by vLLM 0.15.1 nor "
+            f"by vllm-kunlun ({', '.join(sorted(ours))})",
+            "use a model whose architecture vLLM 0.15.1 or the plugin supports, or "
+            "fix the 'architectures' field of config.json",
             details,
         )
+    # vLLM's own implementation wins where both have one (models.register_models).
+    by = "vLLM 0.15.1" if served[0] in known else "vllm-kunlun"
+    details["served_by"] = by
     weights = [
         n for n in os.listdir(path) if n.endswith((".safetensors", ".bin", ".pt"))
     ]
@@ -224,8 +237,8 @@ def check_model_dir(path: str, details: dict[str, Any]) -> Finding:
     return Finding(
         "model_path",
         "ok",
-        f"{path}: {', '.join(archs)} ({config.get('model_type')}), {len(weights)} "
-        "weight file(s)",
+        f"{path}: {', '.join(archs)} ({config.get('model_type')}, served by {by}), "
+        f"{len(weights)} weight file(s)",
         details=details,
     )
 

@@ -1,0 +1,70 @@
+"""Which attention backend would serve a model's attention layers on this host, and at
+what page and kernel block.
+
+Why: a hybrid model's attention page is whatever multiple of 16 tokens holds one GDN
+state (400 for the log's 27B at TP 8); a backend that refused that page used to lose
+the vendor kernels without a word. The doctor asks the same selection the engine runs
+(the platform class's ``get_attn_backend_cls``) and vLLM's kernel-block rule
+(``attention.kernel_block_size``), so the report names what the engine will do.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from vllm_kunlun import envs
+
+DTYPES = {"bfloat16": "bfloat16", "float16": "float16", "float32": "float32"}
+
+
+@dataclass(frozen=True)
+class AttentionPath:
+    block_size: int
+    """The KV manager's block (the hybrid page, or the configured block size)."""
+    backend: str | None
+    """Class path of the backend the platform selects; None when selection refused."""
+    kernel_block_size: int | None
+    """The block the kernels index; None: vLLM's runner finds none ("No common block
+    size") or selection refused."""
+    platform: str
+    why: str = ""
+
+
+def platform_class() -> Any:
+    """The plugin platform the engine would run on this host (a P800 assumed when no
+    device is visible, as the budget does)."""
+    if envs.VLLM_KUNLUN_HOST_EMULATION:
+        from vllm_kunlun.platforms.emulation import KunlunHostEmulationPlatform
+
+        return KunlunHostEmulationPlatform
+    from vllm_kunlun.platforms.kunlun import KunlunPlatform
+
+    return KunlunPlatform
+
+
+def attention_path(
+    *, head_size: int, dtype: str, block_size: int, platform: Any = None
+) -> AttentionPath:
+    import torch
+    from vllm.utils.import_utils import resolve_obj_by_qualname
+    from vllm.v1.attention.selector import AttentionSelectorConfig
+
+    from vllm_kunlun.attention import kernel_block_size
+
+    plat = platform or platform_class()
+    name = plat.__name__
+    if envs.VLLM_KUNLUN_HOST_EMULATION and platform is None:
+        dtype = "float32"  # what emulation runs
+    selector = AttentionSelectorConfig(
+        head_size=head_size,
+        dtype=getattr(torch, DTYPES.get(dtype, "bfloat16")),
+        kv_cache_dtype="auto",
+        block_size=block_size,
+    )
+    try:
+        path = plat.get_attn_backend_cls(None, selector)
+        backend = resolve_obj_by_qualname(path)
+    except Exception as exc:  # the selection's own refusal, reported as such
+        return AttentionPath(block_size, None, None, name, f"{exc}")
+    return AttentionPath(block_size, path, kernel_block_size(backend, block_size), name)
