@@ -94,7 +94,31 @@ class ServingInfo:
             **_graphs(self.vllm_config.compilation_config),  # type: ignore[attr-defined]
             "linear_kernels": sorted(k for k in linear_kernels if k),
             "int8_kernels": int8,
+            "kv_blocks": _kv_blocks(runner),
         }
+
+
+def _kv_blocks(runner: Any) -> list[dict[str, Any]]:
+    """Per KV cache group: its kind, the KV manager's block (a hybrid's attention page)
+    and the block the kernels index (smaller when the runner splits pages)."""
+    config = getattr(runner, "kv_cache_config", None)
+    tables = getattr(getattr(runner, "input_batch", None), "block_table", None)
+    tables = getattr(tables, "block_tables", None) or []
+    if config is None:
+        return []
+    groups = []
+    for i, group in enumerate(config.kv_cache_groups):
+        spec = group.kv_cache_spec
+        kernel = tables[i].block_size if i < len(tables) else None
+        groups.append(
+            {
+                "kind": type(spec).__name__,
+                "layers": len(group.layer_names),
+                "manager_block_size": spec.block_size,
+                "kernel_block_size": kernel,
+            }
+        )
+    return groups
 
 
 def _graphs(compilation: Any) -> dict[str, Any]:
