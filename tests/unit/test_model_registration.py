@@ -1,17 +1,25 @@
-"""The plugin's models reach vLLM's ModelRegistry from every hook, lazily, and the
-hybrid KV cache manager is allowed on both platforms."""
+"""The plugin's models reach vLLM's ModelRegistry from every hook, lazily, vLLM inspects
+them in-process (no subprocess per engine start), and the hybrid KV cache manager is
+allowed on both platforms."""
 
 from __future__ import annotations
 
+import logging
+import subprocess
 from collections.abc import Iterator
+from dataclasses import dataclass
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from vllm.model_executor.models import registry as vllm_registry
 from vllm.model_executor.models.registry import ModelRegistry, _ModelInfo
 from vllm.platforms.interface import Platform
 
 import vllm_kunlun
+from tests.conftest import run_python
 from vllm_kunlun import models
+from vllm_kunlun.models import inspection
 from vllm_kunlun.platforms import EMULATION_PLATFORM
 from vllm_kunlun.platforms.emulation import KunlunHostEmulationPlatform
 from vllm_kunlun.platforms.kunlun import KunlunPlatform
@@ -35,8 +43,133 @@ def test_register_models_adds_lazy_entries_once(registry: dict[str, Any]) -> Non
     assert models.register_models() == list(models.ARCHITECTURES)
     for arch, target in models.ARCHITECTURES.items():
         entry = ModelRegistry.models[arch]
+        assert type(entry) is inspection.ENTRY_CLASS
+        assert isinstance(entry, vllm_registry._LazyRegisteredModel)
         assert f"{entry.module_name}:{entry.class_name}" == target  # not imported
+    entries = dict(ModelRegistry.models)
     assert models.register_models() == []
+    assert ModelRegistry.models == entries  # the same entries, not replaced
+
+
+def _no_subprocess(monkeypatch: pytest.MonkeyPatch) -> None:
+    """vLLM's inspection subprocess (and any subprocess) fails from here on."""
+
+    def refuse(*args: Any, **kwargs: Any) -> Any:
+        raise AssertionError("a subprocess was started")
+
+    monkeypatch.setattr(vllm_registry, "_run_in_subprocess", refuse)
+    monkeypatch.setattr(subprocess, "run", refuse)
+    monkeypatch.setattr(subprocess, "Popen", refuse)
+
+
+@pytest.mark.parametrize("arch", list(models.ARCHITECTURES))
+def test_vllm_inspects_the_entries_in_this_process(
+    registry: dict[str, Any], monkeypatch: pytest.MonkeyPatch, arch: str
+) -> None:
+    from vllm_kunlun.models import qwen3_5
+
+    models.register_models()
+    _no_subprocess(monkeypatch)
+    entry = ModelRegistry.models[arch]
+    plain = vllm_registry._LazyRegisteredModel(entry.module_name, entry.class_name)
+    with pytest.raises(AssertionError, match="a subprocess was started"):
+        plain.inspect_model_cls()  # what a string registration does
+    # vLLM's own function on the class is the reference.
+    expected = _ModelInfo.from_model_cls(getattr(qwen3_5, arch))
+    assert entry.inspect_model_cls() == expected
+    # And through vLLM's registry, as ModelConfig asks it (its cache emptied first).
+    vllm_registry._try_inspect_model_cls.cache_clear()
+    config = SimpleNamespace(
+        model_impl="auto", convert_type="none", runner_type="generate"
+    )
+    assert ModelRegistry.inspect_model_cls([arch], config) == (expected, arch)
+    assert ModelRegistry.resolve_model_cls([arch], config) == (
+        getattr(qwen3_5, arch),
+        arch,
+    )
+
+
+def test_register_models_falls_back_to_strings_naming_why(
+    registry: dict[str, Any],
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    from vllm.logger import _print_warning_once
+
+    _print_warning_once.cache_clear()  # warning_once: a line this process logged before
+    caplog.set_level(logging.WARNING, logger="vllm")  # its handler on "vllm" itself
+    monkeypatch.delattr(vllm_registry, "_ModelInfo")  # a vLLM that renamed it
+    assert models.register_models() == list(models.ARCHITECTURES)
+    for arch, target in models.ARCHITECTURES.items():
+        entry = ModelRegistry.models[arch]
+        assert type(entry) is vllm_registry._LazyRegisteredModel  # vLLM's own
+        assert f"{entry.module_name}:{entry.class_name}" == target
+    [line] = [
+        r.getMessage() for r in caplog.records if "lazy strings" in r.getMessage()
+    ]
+    assert "has no _ModelInfo.from_model_cls" in line
+    assert "written for vLLM 0.15.1" in line
+
+
+@dataclass(frozen=True)
+class _OtherLazy:
+    module_name: str
+    class_name: str
+    module_hash: str = ""
+
+    def load_model_cls(self) -> None: ...
+
+    def inspect_model_cls(self) -> None: ...
+
+
+@pytest.mark.parametrize(
+    ("change", "reason"),
+    [
+        ({"_LazyRegisteredModel": None}, "has no class _LazyRegisteredModel"),
+        ({"_LazyRegisteredModel": object}, "_LazyRegisteredModel is not a dataclass"),
+        (
+            {"_LazyRegisteredModel": _OtherLazy},
+            "has fields ('module_name', 'class_name', ",
+        ),
+        (
+            {"ModelRegistry": SimpleNamespace(models=[])},
+            "ModelRegistry.models is not a dict",
+        ),
+    ],
+)
+def test_a_changed_vllm_registry_is_named(change: dict[str, Any], reason: str) -> None:
+    fake = SimpleNamespace(
+        __name__="vllm.model_executor.models.registry",
+        **{
+            name: getattr(vllm_registry, name)
+            for name in ("_LazyRegisteredModel", "_ModelInfo", "ModelRegistry")
+        },
+    )
+    assert inspection.unsupported_reason(fake) is None
+    for name, value in change.items():
+        setattr(fake, name, value)
+    assert reason in (inspection.unsupported_reason(fake) or "")
+    assert inspection.in_process_entry("m:C", vllm_registry=fake) is None
+
+
+def test_register_models_imports_no_model_code() -> None:
+    """A front end that serves another model never imports the plugin's models."""
+    proc = run_python(
+        """
+        import sys
+        from vllm_kunlun.models import register_models
+        from vllm.model_executor.models.registry import ModelRegistry
+
+        added = register_models()
+        entry = ModelRegistry.models["Qwen3_5ForCausalLM"]
+        print(added, type(entry).__name__, "vllm_kunlun.models.qwen3_5" in sys.modules)
+        """,
+        env={"VLLM_KUNLUN_HOST_EMULATION": "1"},
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip().splitlines()[-1] == (
+        f"{list(models.ARCHITECTURES)} InProcessLazyModel False"
+    )
 
 
 def test_an_architecture_vllm_serves_is_left_to_vllm(
@@ -51,7 +184,7 @@ def test_an_architecture_vllm_serves_is_left_to_vllm(
 
 
 def test_what_vllm_learns_when_it_inspects_the_classes() -> None:
-    """What vLLM's registry computes from the classes (in its inspection subprocess)."""
+    """What vLLM's registry computes from the classes (``InProcessLazyModel``)."""
     from vllm_kunlun.models import qwen3_5
 
     for cls in (qwen3_5.Qwen3_5ForCausalLM, qwen3_5.Qwen3_5ForConditionalGeneration):
