@@ -355,5 +355,32 @@ def test_a_refused_selection_is_reported_not_raised(
     f = _log_at_tp8(tmp_path)
     assert f.status == "fail", f
     assert f.details["attention_backend"] is None
-    assert "no backend for head size 256" in f.cause
+    assert "the attention selection refused: no backend for head size 256" in f.cause
+    assert "--attention-backend" in f.fix
+
+
+class Only32Backend:
+    """A backend whose kernels run 32-token blocks only (none divides a 400 page)."""
+
+    @staticmethod
+    def get_supported_kernel_block_sizes() -> list[int]:
+        return [32]
+
+
+def test_a_page_the_kernel_blocks_cannot_split_fails_naming_them(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from vllm_kunlun.doctor import attention_path
+
+    class Picks32:
+        @classmethod
+        def get_attn_backend_cls(cls, selected: object, config: object) -> str:
+            return f"{__name__}.Only32Backend"
+
+    monkeypatch.setattr(attention_path, "platform_class", lambda: Picks32)
+    f = _log_at_tp8(tmp_path)
+    assert f.status == "fail", f
+    assert f.details["kernel_block_size"] is None
+    assert "kernel blocks (32) do not divide the page" in f.cause
+    assert "No common block size" in f.cause
     assert "--attention-backend CUSTOM" in f.fix

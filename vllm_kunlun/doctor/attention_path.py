@@ -15,8 +15,6 @@ from typing import Any
 
 from vllm_kunlun import envs
 
-DTYPES = {"bfloat16": "bfloat16", "float16": "float16", "float32": "float32"}
-
 
 @dataclass(frozen=True)
 class AttentionPath:
@@ -32,15 +30,14 @@ class AttentionPath:
 
 
 def platform_class() -> Any:
-    """The plugin platform the engine would run on this host (a P800 assumed when no
-    device is visible, as the budget does)."""
-    if envs.VLLM_KUNLUN_HOST_EMULATION:
-        from vllm_kunlun.platforms.emulation import KunlunHostEmulationPlatform
+    """The plugin platform the engine would run on this host: the plugin's own
+    selection (``platforms.select_platform``), KunlunPlatform when it picks none (no
+    device visible: a P800 assumed, as the budget does)."""
+    from vllm.utils.import_utils import resolve_obj_by_qualname
 
-        return KunlunHostEmulationPlatform
-    from vllm_kunlun.platforms.kunlun import KunlunPlatform
+    from vllm_kunlun.platforms import KUNLUN_PLATFORM, select_platform
 
-    return KunlunPlatform
+    return resolve_obj_by_qualname(select_platform().platform or KUNLUN_PLATFORM)
 
 
 def attention_path(
@@ -53,12 +50,12 @@ def attention_path(
     from vllm_kunlun.attention import kernel_block_size
 
     plat = platform or platform_class()
-    name = plat.__name__
     if envs.VLLM_KUNLUN_HOST_EMULATION and platform is None:
-        dtype = "float32"  # what emulation runs
+        dtype = "float32"  # the only dtype emulation runs
+    torch_dtype = getattr(torch, dtype, None)
     selector = AttentionSelectorConfig(
         head_size=head_size,
-        dtype=getattr(torch, DTYPES.get(dtype, "bfloat16")),
+        dtype=torch_dtype if isinstance(torch_dtype, torch.dtype) else torch.bfloat16,
         kv_cache_dtype="auto",
         block_size=block_size,
     )
@@ -66,5 +63,6 @@ def attention_path(
         path = plat.get_attn_backend_cls(None, selector)
         backend = resolve_obj_by_qualname(path)
     except Exception as exc:  # the selection's own refusal, reported as such
-        return AttentionPath(block_size, None, None, name, f"{exc}")
-    return AttentionPath(block_size, path, kernel_block_size(backend, block_size), name)
+        return AttentionPath(block_size, None, None, plat.__name__, f"{exc}")
+    kernel = kernel_block_size(backend, block_size)
+    return AttentionPath(block_size, path, kernel, plat.__name__)

@@ -39,9 +39,6 @@ from typing import Any
 
 from vllm_kunlun.doctor.finding import Context, Finding
 
-# The block size both platforms default to (kunlun_defaults, emulation_defaults).
-DEFAULT_BLOCK_SIZE = 16
-
 GIB = 1 << 30
 KERNEL_BLOCK_ALIGNMENT = 16
 """vLLM pads hybrid attention blocks to multiples of 16 tokens (non-MLA backends)."""
@@ -574,6 +571,7 @@ def with_attention_path(finding: Finding, shape: ModelShape, page: int) -> Findi
     """The finding with the page vLLM will pick, the kernel block and the backend that
     serves it on this host (``attention_path``); a page no kernel block fits fails."""
     from vllm_kunlun.doctor.attention_path import attention_path
+    from vllm_kunlun.platforms.kunlun_defaults import DEFAULT_BLOCK_SIZE
 
     if not shape.attention_layers:
         return finding
@@ -581,7 +579,7 @@ def with_attention_path(finding: Finding, shape: ModelShape, page: int) -> Findi
     chosen = attention_path(
         head_size=shape.head_dim, dtype=shape.dtype, block_size=block
     )
-    backend = (chosen.backend or "none").rsplit(".", 1)[-1]
+    backend = (chosen.backend or "no backend").rsplit(".", 1)[-1]
     finding.details.update(
         attention_block_size=block,
         kernel_block_size=chosen.kernel_block_size,
@@ -592,13 +590,26 @@ def with_attention_path(finding: Finding, shape: ModelShape, page: int) -> Findi
         f"attention: {block}-token pages, kernel block {chosen.kernel_block_size}, "
         f"{backend} on {chosen.platform}"
     )
-    if chosen.backend is None or chosen.kernel_block_size is None:
-        why = chosen.why or f"{backend} has no kernel block that divides {block}"
+    if chosen.backend is None:
         return dataclasses.replace(
             finding,
             status="fail",
-            cause=f"{line}: {why}",
-            fix="pass --block-size with a multiple of 16, or --attention-backend "
+            cause=f"{line}: the attention selection refused: {chosen.why}",
+            fix="do what the refusal names (an --attention-backend it lists), or serve "
+            "a model with attention layers the plugin supports",
+        )
+    if chosen.kernel_block_size is None:
+        from vllm.utils.import_utils import resolve_obj_by_qualname
+
+        from vllm_kunlun.attention import describe_kernel_block_sizes
+
+        sizes = describe_kernel_block_sizes(resolve_obj_by_qualname(chosen.backend))
+        return dataclasses.replace(
+            finding,
+            status="fail",
+            cause=f"{line}: its kernel blocks ({sizes}) do not divide the page; the "
+            'engine would stop with "No common block size"',
+            fix="pass a --block-size its kernel blocks divide, or --attention-backend "
             "CUSTOM (the portable backend runs any page)",
         )
     return dataclasses.replace(finding, cause=f"{finding.cause}; {line}")
