@@ -100,3 +100,44 @@ def test_lora_is_refused_with_the_reason(engine_config: tuple[dict, str]) -> Non
     assert result["lora_error"] is not None
     assert "LoRA is not supported on Kunlun" in result["lora_error"]
     assert "Remove --enable-lora" in result["lora_error"]
+
+
+def test_a_hybrid_budget_below_one_page_is_refused_by_the_real_config(
+    tmp_path: pytest.TempPathFactory,
+) -> None:
+    """vLLM's own config pipeline: the hybrid page (16 tokens for the tiny Qwen3.5),
+    prefix caching turning on mamba_cache_mode 'align', then the platform's guard; a
+    budget of one page passes."""
+    from vllm_kunlun.demo.tiny_model import write_tiny_model
+    from vllm_kunlun.demo.tiny_qwen3_5 import TinyQwen3_5Spec
+
+    model = write_tiny_model(tmp_path / "tiny35", TinyQwen3_5Spec())  # type: ignore[operator]
+    proc = run_python(
+        f"""
+        from vllm.engine.arg_utils import EngineArgs
+
+        def config(budget):
+            return EngineArgs(
+                model={str(model)!r}, dtype="float32", enable_prefix_caching=True,
+                max_num_batched_tokens=budget, max_num_seqs=4, max_model_len=64,
+            ).create_engine_config()
+
+        try:
+            config(8)
+            print("REFUSED no")
+        except Exception as exc:
+            print("REFUSED", str(exc).splitlines()[1].strip()[:400])
+        c = config(16)
+        print("PASSED", c.cache_config.block_size, c.cache_config.mamba_cache_mode)
+        """,
+        env={"VLLM_KUNLUN_HOST_EMULATION": "1"},
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    refused = next(x for x in proc.stdout.splitlines() if x.startswith("REFUSED"))
+    assert (
+        "max_num_batched_tokens=8 is smaller than this hybrid model's attention "
+        "page of 16 tokens" in refused
+    ), refused
+    assert "--max-num-batched-tokens 16 or more" in refused
+    assert "PASSED 16 align" in proc.stdout
