@@ -61,18 +61,23 @@ def _choice(*choices: str) -> Callable[[str, str], str]:
     return parse
 
 
-def _bounded_float(upper: float) -> Callable[[str, str], float]:
-    """A finite number in (0, upper]: ``inf`` or ``1e400`` would end as a bare
-    OverflowError wherever the value is turned into bytes."""
+def _bounded_float(
+    upper: float, lower: float = 0.0, lower_why: str = ""
+) -> Callable[[str, str], float]:
+    """A finite number in (0, upper], and at least ``lower`` when given: ``inf`` or
+    ``1e400`` would end as a bare OverflowError wherever the value is turned into
+    bytes, and ``1e-320`` as 0 bytes and an error about something else."""
 
     def parse(name: str, raw: str) -> float:
         try:
             value = float(raw)
         except ValueError:
             value = math.nan
-        if not (math.isfinite(value) and 0 < value <= upper):
+        if not (math.isfinite(value) and 0 < value <= upper and value >= lower):
+            floor = f" and at least {lower} ({lower_why})" if lower else ""
             raise EnvVarError(
                 f"{name}={raw!r} must be a positive number no larger than {upper:g}"
+                f"{floor}; set it to such a number (or unset {name} for its default)"
             )
         return value
 
@@ -91,6 +96,11 @@ def _optional_dir(name: str, raw: str) -> str | None:
 
 # Far above any host this emulation runs on; a larger value is a typo.
 EMULATION_KV_CACHE_GIB_MAX = 1024.0
+# 1 MiB: one 16-token block of every attention layer of the deployment log's 27B model
+# (16 layers x 16 tokens x 4 KV heads x 256 x K and V x 2 bytes). Less is no cache
+# worth serving, and a value like 1e-320 rounds to 0 bytes, which vLLM then reports as
+# a --gpu-memory-utilization problem.
+EMULATION_KV_CACHE_GIB_MIN = 1 / 1024
 
 _VARS: dict[str, EnvVar] = {
     v.name: v
@@ -124,10 +134,14 @@ _VARS: dict[str, EnvVar] = {
         ),
         EnvVar(
             "VLLM_KUNLUN_EMULATION_KV_CACHE_GIB",
-            _bounded_float(EMULATION_KV_CACHE_GIB_MAX),
+            _bounded_float(
+                EMULATION_KV_CACHE_GIB_MAX, EMULATION_KV_CACHE_GIB_MIN, "1 MiB"
+            ),
             1.0,
-            "KV cache size in GiB in host emulation (vLLM's CPU default is half the RAM).",
-            f"a number in (0, {EMULATION_KV_CACHE_GIB_MAX:g}]",
+            "KV cache size in GiB in host emulation (vLLM's CPU default is half the "
+            "RAM); at least 1 MiB (0.0009765625): less rounds toward 0 bytes.",
+            f"a number in [{EMULATION_KV_CACHE_GIB_MIN}, "
+            f"{EMULATION_KV_CACHE_GIB_MAX:g}]",
         ),
         EnvVar(
             "VLLM_KUNLUN_BUILD_EXT",

@@ -28,6 +28,8 @@ MALFORMED: dict[str, list[str]] = {
         "0",
         "-1",
         "lots",
+        "1e-320",  # finite and positive, but 0 bytes
+        "0.0009",  # under the 1 MiB floor
     ],
     "VLLM_KUNLUN_BUILD_EXT": ["yes please"],
     "VLLM_KUNLUN_SCHEMA_FIX": ["-1"],
@@ -83,14 +85,30 @@ def test_every_malformed_variable_is_named_at_once(
     assert "VLLM_KUNLUN_TP_SAMPLE_BROADCAST='2'" in str(err.value)
 
 
-@pytest.mark.parametrize("raw", ["0.25", "1", "1024", " 8 "])
+@pytest.mark.parametrize("raw", ["1e-320", "1e-300", "0.0009765624"])
+def test_kv_cache_gib_below_one_mib_is_refused_with_the_floor_and_the_fix(
+    monkeypatch: pytest.MonkeyPatch, raw: str
+) -> None:
+    # 1e-320 used to pass and became 0 bytes: the engine then died naming
+    # gpu_memory_utilization, not this variable.
+    monkeypatch.setenv("VLLM_KUNLUN_EMULATION_KV_CACHE_GIB", raw)
+    with pytest.raises(envs.EnvVarError) as err:
+        envs.validate_all()
+    message = str(err.value)
+    assert f"VLLM_KUNLUN_EMULATION_KV_CACHE_GIB={raw!r}" in message
+    assert "at least 0.0009765625 (1 MiB)" in message
+    assert "unset VLLM_KUNLUN_EMULATION_KV_CACHE_GIB for its default" in message
+
+
+@pytest.mark.parametrize("raw", ["0.0009765625", "0.25", "1", "1024", " 8 "])
 def test_kv_cache_gib_accepts_finite_sizes(
     monkeypatch: pytest.MonkeyPatch, raw: str
 ) -> None:
     monkeypatch.setenv("VLLM_KUNLUN_EMULATION_KV_CACHE_GIB", raw)
     envs.validate_all()
     assert float(raw) == envs.VLLM_KUNLUN_EMULATION_KV_CACHE_GIB
-    assert int(envs.VLLM_KUNLUN_EMULATION_KV_CACHE_GIB * (1 << 30)) > 0  # no overflow
+    kv_bytes = int(envs.VLLM_KUNLUN_EMULATION_KV_CACHE_GIB * (1 << 30))  # no overflow
+    assert kv_bytes >= 1 << 20  # the floor, after the conversion the platform does
 
 
 def test_patch_dir_accepts_an_existing_directory(
