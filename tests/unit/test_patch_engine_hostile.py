@@ -23,7 +23,7 @@ import pytest
 
 from tests.conftest import REPO, child_env
 from vllm_kunlun import cli
-from vllm_kunlun.patching import engine, fsops
+from vllm_kunlun.patching import engine, fsops, patchset
 from vllm_kunlun.patching.errors import LockBusy, PatchSetError
 
 PRISTINE = "one\ntwo\nthree\n"
@@ -345,6 +345,97 @@ def test_malformed_manifest_is_a_refusal_in_json(
         assert code == 2
         error = json.loads(out)["error"]
         assert error["type"] == "PatchSetError" and message in error["reason"]
+    assert states(site) == ["pristine"] * 3
+
+
+def snapshot(top: Path) -> dict[str, object]:
+    """Every path under ``top``: file bytes, link target, or "dir" (links not followed)."""
+    out: dict[str, object] = {}
+    for path in sorted(top.rglob("*")):
+        rel = str(path.relative_to(top))
+        if path.is_symlink():
+            out[rel] = ("link", os.readlink(path))
+        elif path.is_dir():
+            out[rel] = "dir"
+        elif path.is_file():
+            out[rel] = path.read_bytes()
+        else:
+            out[rel] = "special"
+    return out
+
+
+def _deep_manifest(pset: Path) -> str:
+    return "[" * 200_000 + "]" * 200_000
+
+
+def _deep_field(pset: Path) -> str:
+    manifest = json.loads((pset / "manifest.json").read_text())
+    nested: object = "x"
+    for _ in range(patchset.MANIFEST_MAX_DEPTH):
+        nested = [nested]
+    manifest["comment"] = nested  # one level below the top object: limit + 1
+    return json.dumps(manifest)
+
+
+def _huge_manifest(pset: Path) -> str:
+    manifest = json.loads((pset / "manifest.json").read_text())
+    manifest["comment"] = "x" * patchset.MANIFEST_MAX_BYTES
+    return json.dumps(manifest)
+
+
+@pytest.mark.parametrize(
+    ("make", "message"),
+    [
+        (_deep_manifest, "nested 200000 levels deep; the limit is 8"),
+        (_deep_field, "nested 9 levels deep; the limit is 8"),
+        (_huge_manifest, f"larger than the limit of {1 << 20} bytes"),
+    ],
+    ids=["200000-deep", "deep-field", "huge"],
+)
+def test_hostile_manifest_is_one_line_naming_file_and_limit(
+    site: Path,
+    pset: Path,
+    capsys: pytest.CaptureFixture[str],
+    make: object,
+    message: str,
+) -> None:
+    """A manifest json cannot parse (RecursionError) or should not read whole: a
+    refusal (exit 2) naming the manifest and the limit, valid JSON under --json, and
+    nothing on disk changes."""
+    manifest = pset / "manifest.json"
+    manifest.write_text(make(pset))  # type: ignore[operator]
+    before = snapshot(site.parent)
+    args = ("--root", str(site), "--patches", str(pset))
+    for action in ("status", "apply", "revert", "verify"):
+        code, out, err = run_cli(capsys, action, "--json", *args)
+        assert code == 2, (action, err[-2000:])
+        error = json.loads(out)["error"]
+        assert error["type"] == "PatchSetError", error
+        assert error["file"] == str(manifest) and message in error["reason"]
+        code, out, err = run_cli(capsys, action, *args)
+        assert code == 2 and out == ""
+        assert err.count("\n") == 1 and "Traceback" not in err
+        assert err.startswith(f"vllm-kunlun patch {action}: {manifest}: ")
+        assert message in err and "Fix:" in err
+    assert snapshot(site.parent) == before
+
+
+def test_brackets_inside_manifest_strings_do_not_count_as_depth(
+    site: Path, pset: Path
+) -> None:
+    manifest = json.loads((pset / "manifest.json").read_text())
+    manifest["comment"] = "[{" * 100 + '\\"[[[' * 10
+    (pset / "manifest.json").write_text(json.dumps(manifest))
+    engine.apply(site, pset)
+    assert states(site) == ["patched"] * 3
+
+
+def test_huge_patch_file_is_refused_naming_the_limit(site: Path, pset: Path) -> None:
+    bad = pset / "02-demo.patch"
+    bad.write_text("# " + "x" * patchset.PATCH_MAX_BYTES + "\n" + bad.read_text())
+    with pytest.raises(PatchSetError, match="larger than the limit") as err:
+        engine.apply(site, pset)
+    assert err.value.file == str(bad)
     assert states(site) == ["pristine"] * 3
 
 

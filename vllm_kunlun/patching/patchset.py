@@ -33,6 +33,16 @@ SET_DIR_NAME = "vllm-0.15.1-torch-2.5.1"
 MANIFEST = "manifest.json"
 HEADER_KEYS = ("Patch", "Target", "Why", "Unnecessary-from")
 
+# Limits on what a set may be: the shipped manifest is about 2 KB and 3 levels deep,
+# each patch about 2 KB. A hostile set (a 200,000-deep manifest would make json raise
+# RecursionError, a huge file would be read whole) is refused, naming the limit.
+MANIFEST_MAX_BYTES = 1 << 20
+MANIFEST_MAX_DEPTH = 8
+PATCH_MAX_BYTES = 4 << 20
+
+_JSON_STRING_RE = re.compile(r'"(?:[^"\\]|\\.)*"', re.S)
+_NOT_BRACKET_RE = re.compile(r"[^\[\]{}]+")
+
 _HUNK_RE = re.compile(r"^@@ -(\d+)(?:,(\d+))? \+(\d+)(?:,(\d+))? @@")
 
 
@@ -283,6 +293,43 @@ def _check_manifest(
     return raw["name"], raw["vllm"], raw["torch"], list(names), files
 
 
+def _read_limited(path: Path, limit: int, what: str) -> str:
+    """UTF-8 text of ``path``, refused (naming the limit) past ``limit`` bytes.
+
+    Reads at most ``limit + 1`` bytes, so a huge or endless file costs nothing.
+    """
+    with path.open("rb") as f:
+        data = f.read(limit + 1)
+    if len(data) > limit:
+        raise _bad(
+            path,
+            f"the {what} is larger than the limit of {limit} bytes; a patch set "
+            "is a few KB",
+        )
+    return data.decode("utf-8")
+
+
+def _check_depth(text: str, source: Path) -> None:
+    """Refuse JSON nested deeper than MANIFEST_MAX_DEPTH, before json parses it.
+
+    Brackets inside strings do not count. Malformed text is left to json to report.
+    """
+    depth = deepest = 0
+    brackets = _NOT_BRACKET_RE.sub("", _JSON_STRING_RE.sub("", text))
+    for ch in brackets:
+        if ch in "[{":
+            depth += 1
+            deepest = max(deepest, depth)
+        else:
+            depth -= 1
+    if deepest > MANIFEST_MAX_DEPTH:
+        raise _bad(
+            source,
+            f"the manifest is nested {deepest} levels deep; the limit is "
+            f"{MANIFEST_MAX_DEPTH} (a patch set manifest is 3 deep)",
+        )
+
+
 def load_patch_set(directory: Path | None = None) -> PatchSet:
     """Read and validate a set; raises PatchSetError naming the file and the problem."""
     directory = Path(directory) if directory is not None else default_set_dir()
@@ -295,7 +342,15 @@ def load_patch_set(directory: Path | None = None) -> PatchSet:
             f"point VLLM_KUNLUN_PATCH_DIR (or --patches) at patches/{SET_DIR_NAME}",
         )
     try:
-        raw = json.loads(manifest_path.read_text(encoding="utf-8"))
+        text = _read_limited(manifest_path, MANIFEST_MAX_BYTES, "manifest")
+        _check_depth(text, manifest_path)
+        raw = json.loads(text)
+    except RecursionError as exc:  # belt and braces: _check_depth refuses it first
+        raise _bad(
+            manifest_path,
+            f"the manifest is nested too deep to parse (the limit is "
+            f"{MANIFEST_MAX_DEPTH} levels)",
+        ) from exc
     except (OSError, ValueError) as exc:
         raise _bad(manifest_path, f"malformed manifest ({exc})") from exc
     name, vllm_version, torch_version, names, files = _check_manifest(
@@ -307,7 +362,7 @@ def load_patch_set(directory: Path | None = None) -> PatchSet:
         if not path.is_file():
             raise _bad(manifest_path, f"lists {file_name}, which is missing")
         try:
-            text = path.read_text(encoding="utf-8")
+            text = _read_limited(path, PATCH_MAX_BYTES, "patch file")
         except UnicodeDecodeError as exc:
             raise _bad(
                 path, f"not UTF-8 text (byte {exc.start}: {exc.reason})"
