@@ -384,3 +384,56 @@ def test_a_page_the_kernel_blocks_cannot_split_fails_naming_them(
     assert "kernel blocks (32) do not divide the page" in f.cause
     assert "No common block size" in f.cause
     assert "--attention-backend CUSTOM" in f.fix
+
+
+class _RaisingRuntime:
+    """A device runtime that sees a card but fails to describe it, as torch.cuda does
+    when the driver and the runtime libraries disagree."""
+
+    def is_available(self) -> bool:
+        return True
+
+    def get_device_properties(self, index: int) -> object:
+        raise RuntimeError("driver version is insufficient for runtime version")
+
+
+class _NoDeviceRuntime:
+    def is_available(self) -> bool:
+        return False
+
+    def get_device_properties(self, index: int) -> object:  # pragma: no cover
+        raise AssertionError("not asked without a visible device")
+
+
+def _log_at_0_75(tmp_path: Path, runtime: object):  # type: ignore[no-untyped-def]
+    ctx = Context(
+        model=_model_dir(tmp_path, FLAT),
+        tensor_parallel_size=8,
+        max_num_seqs=256,
+        gpu_memory_utilization=0.75,
+        mamba_cache_dtype="float32",
+    )  # no --device-memory-gib: the runtime is asked
+    return check_kv_budget(ctx, device_runtime=runtime)
+
+
+def test_a_raising_device_runtime_is_named_not_called_no_device(
+    tmp_path: Path,
+) -> None:
+    # It used to be swallowed: "no device visible: assumed a P800", status ok.
+    f = _log_at_0_75(tmp_path, _RaisingRuntime())
+    assert f.status == "warn", f
+    error = "RuntimeError: driver version is insufficient for runtime version"
+    assert f"reading device 0's memory raised {error}" in f.cause
+    assert "assumed a P800" in f.cause
+    assert "fit in 24.00 GiB" in f.cause  # the estimate itself is still given
+    assert "fix the device runtime" in f.fix and "--device-memory-gib" in f.fix
+    assert f.details["device_runtime_error"] == error
+    assert "no device visible" not in json.dumps(f.details)
+    assert f"the device runtime raised ({error})" in f.details["arithmetic"][0]
+
+
+def test_no_visible_device_still_assumes_a_p800_quietly(tmp_path: Path) -> None:
+    f = _log_at_0_75(tmp_path, _NoDeviceRuntime())
+    assert f.status == "ok", f
+    assert "device_runtime_error" not in f.details
+    assert "no device visible: assumed a P800" in f.details["arithmetic"][0]

@@ -429,20 +429,63 @@ def weights_bytes_per_card(model_dir: str, tp: int) -> int | None:
     return None
 
 
-def device_memory_bytes(explicit: int | None = None) -> tuple[int, str]:
-    if explicit:
-        return explicit, "given"
-    try:
-        import torch
+ASSUMED_P800 = "assumed a P800, 103.1 GB = 96 GiB (--device-memory-gib)"
 
-        if torch.cuda.is_available():
-            total = int(torch.cuda.get_device_properties(0).total_memory)
-            return total, "torch.cuda.get_device_properties(0)"
-    except Exception:  # a broken runtime is the devices check's business
-        pass
-    return P800_MEMORY_BYTES, (
-        "no device visible: assumed a P800, 103.1 GB = 96 GiB (--device-memory-gib)"
+
+@dataclass(frozen=True)
+class DeviceMemory:
+    """One card's memory as the budget uses it, where the number came from, and the
+    runtime's error when it raised (empty: it answered, or no device was visible)."""
+
+    total_bytes: int
+    source: str
+    runtime_error: str = ""
+
+
+def device_memory_bytes(
+    explicit: int | None = None, runtime: Any = None
+) -> DeviceMemory:
+    """Card 0's total memory from the device runtime (``runtime``: torch.cuda unless a
+    test hands in another one), or a P800's when none is visible.
+
+    A runtime that raises is not "no device": the budget still assumes a P800, but the
+    error is kept so the finding names it (a driver / runtime mismatch on a real card
+    would otherwise read as a host without cards)."""
+    if explicit:
+        return DeviceMemory(explicit, "given")
+    try:
+        if runtime is None:
+            import torch
+
+            runtime = torch.cuda
+        if runtime.is_available():
+            total = int(runtime.get_device_properties(0).total_memory)
+            return DeviceMemory(total, "torch.cuda.get_device_properties(0)")
+    except Exception as exc:  # reported in the finding, not swallowed
+        error = f"{type(exc).__name__}: {exc}"
+        return DeviceMemory(
+            P800_MEMORY_BYTES,
+            f"the device runtime raised ({error}): {ASSUMED_P800}",
+            error,
+        )
+    return DeviceMemory(P800_MEMORY_BYTES, f"no device visible: {ASSUMED_P800}")
+
+
+def with_runtime_error(finding: Finding, error: str) -> Finding:
+    """The finding, at least a warning, saying that the device runtime raised and the
+    budget therefore assumed a P800 rather than the card's real memory."""
+    cause = (
+        f"reading device 0's memory raised {error}, so the budget assumed a P800 "
+        f"(96 GiB); {finding.cause}"
     )
+    fix = (
+        'fix the device runtime (the devices finding; `python -c "import torch; '
+        'print(torch.cuda.get_device_properties(0))"` shows the error) or pass '
+        "--device-memory-gib with the card's memory"
+    )
+    if finding.status == "ok":
+        return dataclasses.replace(finding, status="warn", cause=cause, fix=fix)
+    return dataclasses.replace(finding, cause=cause, fix=f"{finding.fix}; and {fix}")
 
 
 def to_finding(budget: Budget, details: dict[str, Any]) -> Finding:
@@ -501,7 +544,9 @@ def to_finding(budget: Budget, details: dict[str, Any]) -> Finding:
     )
 
 
-def check_kv_budget(ctx: Context) -> Finding:
+def check_kv_budget(ctx: Context, device_runtime: Any = None) -> Finding:
+    """``device_runtime``: what answers ``is_available()`` and
+    ``get_device_properties(0)`` (torch.cuda when None; a test passes a broken one)."""
     from vllm_kunlun.doctor.model_path import inspect_path, read_config
 
     if not ctx.model:
@@ -532,7 +577,8 @@ def check_kv_budget(ctx: Context) -> Finding:
             "fix the model's config.json (it must describe the checkpoint's layers)",
         )
     shape = shape.with_mamba_cache_dtype(ctx.mamba_cache_dtype)
-    device, device_source = device_memory_bytes(ctx.device_memory_bytes)
+    memory = device_memory_bytes(ctx.device_memory_bytes, device_runtime)
+    device, device_source = memory.total_bytes, memory.source
     tp = ctx.tensor_parallel_size
     weights, weights_source = weights_bytes_per_card(verdict.path, tp), "weight files"
     if weights is None:  # no files yet: from config.json, int8 for a W8A8 config
@@ -561,6 +607,9 @@ def check_kv_budget(ctx: Context) -> Finding:
     }
     finding = to_finding(budget, details)
     finding = with_attention_path(finding, shape, budget.attention_block_size)
+    if memory.runtime_error:
+        finding.details["device_runtime_error"] = memory.runtime_error
+        finding = with_runtime_error(finding, memory.runtime_error)
     finding.details["arithmetic"][0] += f" [{device_source}]"
     if weights is not None:
         finding.details["arithmetic"][2] += f" [{weights_source}]"
