@@ -24,7 +24,7 @@ import pytest
 from tests.conftest import REPO, child_env
 from vllm_kunlun import cli
 from vllm_kunlun.patching import engine, fsops, patchset
-from vllm_kunlun.patching.errors import LockBusy, PatchSetError
+from vllm_kunlun.patching.errors import LockBusy, PatchRefused, PatchSetError
 
 PRISTINE = "one\ntwo\nthree\n"
 TARGETS = ("vllm/a.py", "vllm/sub/b.py", "vllm/sub/c.py")
@@ -459,6 +459,76 @@ def test_target_outside_the_package_is_refused(site: Path, pset: Path) -> None:
     (pset / "manifest.json").write_text(json.dumps(manifest))
     with pytest.raises(PatchSetError, match="not a path inside the vllm package"):
         engine.status(site, pset)
+
+
+# --- symlinks out of --root ----------------------------------------------------------
+
+
+def _link_out(site: Path, outside: Path, kind: str) -> Path:
+    """Move one part of the tree to ``outside`` and leave a symlink in its place;
+    plant a temp file and bytecode there that a run would delete. Returns the link."""
+    if kind == "package dir":
+        link = site / "vllm"
+    elif kind == "target's dir":
+        link = site / "vllm" / "sub"
+    elif kind == "target file":
+        link = site / TARGETS[0]
+    else:  # __pycache__
+        link = site / "vllm" / "sub" / "__pycache__"
+        link.mkdir()
+    moved = outside / link.name
+    link.rename(moved)
+    os.symlink(moved, link)
+    if moved.is_dir():
+        (moved / f".b.py.x9{fsops.TMP_SUFFIX}").write_text("not ours to delete")
+        (moved / "b.cpython-311.pyc").write_bytes(b"not ours to delete")
+    return link
+
+
+@pytest.mark.parametrize(
+    "kind", ["package dir", "target's dir", "target file", "__pycache__"]
+)
+def test_symlink_out_of_root_is_refused_before_any_change(
+    site: Path,
+    pset: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    kind: str,
+) -> None:
+    """A planted link would make a root run write, delete (leftover temp files,
+    stale bytecode) or lock outside the tree: refused first, every file as it was,
+    inside and outside."""
+    outside = tmp_path / "elsewhere"
+    outside.mkdir()
+    link = _link_out(site, outside, kind)
+    tree, away = snapshot(site), snapshot(outside)
+    want = f"{link} is a symlink to {os.readlink(link)}, outside --root {site}"
+    args = ("--root", str(site), "--patches", str(pset))
+    for action in ("apply", "revert"):
+        for extra in (("--dry-run",), ()):
+            code, out, err = run_cli(capsys, action, "--json", *extra, *args)
+            assert code == 2, (action, extra, out, err[-2000:])
+            error = json.loads(out)["error"]
+            assert error["type"] == "PatchRefused" and error["file"] == str(link)
+            assert error["reason"].startswith(want), error["reason"]
+            assert "nothing was changed" in error["reason"]
+        code, _, err = run_cli(capsys, action, *args)
+        assert code == 2 and want in err
+        with pytest.raises(PatchRefused, match="outside --root"):
+            (engine.apply if action == "apply" else engine.revert)(site, pset)
+    assert snapshot(site) == tree
+    assert snapshot(outside) == away
+
+
+def test_symlink_that_stays_inside_root_is_allowed(site: Path, pset: Path) -> None:
+    sub = site / "vllm" / "sub"
+    sub.rename(site / "vllm" / "real_sub")
+    os.symlink("real_sub", sub)
+    engine.apply(site, pset)
+    assert states(site) == ["patched"] * 3
+    assert sub.is_symlink()
+    engine.revert(site, pset)
+    assert states(site) == ["pristine"] * 3
 
 
 # --- fix hints carry the user's arguments (issue 16, item 2) ------------------------

@@ -472,6 +472,26 @@ def _refuse_drift(
     raise PatchRefused(f.path, reason, fix)
 
 
+def _refuse_escapes(tree: Path, ps: PatchSet, action: str) -> None:
+    """Refuse before any change when a path the run would write, delete or create a
+    file in is a symlink out of the tree: a planted ``vllm/sub -> /etc`` (or
+    ``__pycache__ -> /home/x``) would make a root run write or delete files there."""
+    for path in fsops.paths_written(tree, ps.targets):
+        escape = fsops.escaping_link(tree, path)
+        if escape is None:
+            continue
+        link, points_to = escape
+        raise PatchRefused(
+            link,
+            f"{link} is a symlink to {points_to}, outside --root {tree}; {action} "
+            "refused, nothing was changed (the patcher writes, deletes and creates "
+            "files only inside the tree)",
+            f"replace {link} with the real directory or file (e.g. reinstall vLLM "
+            f"with `{reinstall_vllm(ps.vllm_version)}`), or pass --root the tree "
+            "the link points into",
+        )
+
+
 @dataclass(frozen=True)
 class _Write:
     target: str
@@ -588,7 +608,11 @@ def _change(
     action = "apply" if forward else "revert"
     ps = load_patch_set(Path(patch_dir) if patch_dir else None)
     tree = locate_vllm(root)
+    # Before the lock too: a vllm package linked out of the tree would put the lock
+    # file out there.
+    _refuse_escapes(tree, ps, action)
     with fsops.tree_lock(tree / "vllm", exclusive=True, timeout=lock_timeout):
+        _refuse_escapes(tree, ps, action)  # again, right before the first change
         report = inspect_tree(tree, torch_version=torch_version, patch_set=ps)
         # Temp files of a run that was killed before its rename (the lock is ours,
         # so no other run is writing them): remove them first.

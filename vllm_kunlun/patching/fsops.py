@@ -218,6 +218,43 @@ def _drop_bytecode(path: Path) -> None:
             pyc.unlink()
 
 
+def paths_written(root: Path, targets: Iterable[str]) -> list[Path]:
+    """Every path a run on ``targets`` writes, deletes or creates files in.
+
+    Each target file, each directory from ``root`` down to it (temp files, the write
+    probe and leftover removal happen in its directory), and its directory's
+    ``__pycache__`` (stale bytecode is deleted there). The lock lives in ``root``.
+    """
+    found: dict[Path, None] = {}
+    for target in targets:
+        path = root / target
+        for depth in range(1, len(Path(target).parts) + 1):
+            found[root.joinpath(*Path(target).parts[:depth])] = None
+        found[path.parent / "__pycache__"] = None
+    return list(found)
+
+
+def escaping_link(root: Path, path: Path) -> tuple[Path, str] | None:
+    """``(link, where it points)`` when a symlink on the way from ``root`` to ``path``
+    (``path`` included) resolves outside ``root``; None when everything stays inside.
+
+    ``root`` must be resolved. A link that cannot be resolved (a loop) is left to the
+    reader, which reports the path as unreadable.
+    """
+    current = root
+    for part in path.relative_to(root).parts:
+        current = current / part
+        if not current.is_symlink():
+            continue
+        try:
+            resolved = current.resolve()
+        except (OSError, RuntimeError):  # RuntimeError: a symlink loop (Python 3.11)
+            continue
+        if not resolved.is_relative_to(root):
+            return current, os.readlink(current)
+    return None
+
+
 def find_leftovers(root: Path, targets: Iterable[str]) -> list[Path]:
     """Temp files of an interrupted run in the target files' directories.
 
