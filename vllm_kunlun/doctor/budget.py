@@ -305,6 +305,32 @@ def config_int(
     return int(raw)
 
 
+CONFIG_RANGE_FIX = (
+    "fix the model's config.json (it must describe the checkpoint's layers)"
+)
+
+
+def check_config_ranges(config: Mapping[str, Any]) -> None:
+    """Every ``CONFIG_LIMITS`` dimension that ``config`` (or its ``text_config``) sets
+    must be an integer within its bound; ConfigRangeError names the first that is not.
+
+    Unlike ``ModelShape.from_config`` it requires no field: the engine-start guard asks
+    this of every architecture, and configs name their dimensions differently. It is the
+    bound that matters there: vLLM builds 100000 layers for ``num_hidden_layers:
+    100000`` and is still at it minutes later. The linear-attention fields may be 0, as
+    in a model without linear attention.
+    """
+    sections: list[tuple[str, Mapping[str, Any]]] = [("", config)]
+    sub = config.get("text_config")
+    if isinstance(sub, Mapping):
+        sections.append(("text_config", sub))
+    for nested, section in sections:
+        for key in CONFIG_LIMITS:
+            if section.get(key) is not None:
+                minimum = 0 if key.startswith("linear_") else 1
+                config_int(section, key, nested, minimum=minimum)
+
+
 @dataclass(frozen=True)
 class Budget:
     device_bytes: int
@@ -574,7 +600,7 @@ def check_kv_budget(ctx: Context, device_runtime: Any = None) -> Finding:
             "kv_budget",
             "fail",
             str(exc),
-            "fix the model's config.json (it must describe the checkpoint's layers)",
+            CONFIG_RANGE_FIX,
         )
     shape = shape.with_mamba_cache_dtype(ctx.mamba_cache_dtype)
     memory = device_memory_bytes(ctx.device_memory_bytes, device_runtime)

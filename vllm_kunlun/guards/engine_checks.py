@@ -7,7 +7,12 @@ hour later with a traceback.
   mismatches warn once.
 - KV / state budget (doctor check ``kv_budget``): warns with the arithmetic and the
   largest safe ``--gpu-memory-utilization``.
-Both run from ``KunlunPlatformBase.check_and_update_config`` (``check_engine_config``).
+- Model dimensions (the ``kv_budget`` range check, ``CONFIG_LIMITS``): a config with
+  100000 layers, a million heads or a 2^30 vocabulary raises ``ConfigRangeError``
+  naming the field, the value and the bound, before vLLM starts building layers (it
+  would otherwise spend minutes and gigabytes on them).
+These run from ``KunlunPlatform.check_and_update_config`` (``check_engine_config``);
+host emulation runs the stack and model-dimension guards (``config_range_guard``).
 The model path is guarded by a runtime patch (``guards/model_path.py``).
 """
 
@@ -19,10 +24,13 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from vllm_kunlun.doctor.budget import (
+    CONFIG_RANGE_FIX,
     DEFAULT_RESERVE_GIB,
     P800_MEMORY_BYTES,
     Budget,
+    ConfigRangeError,
     ModelShape,
+    check_config_ranges,
     estimate,
     to_finding,
     weights_bytes_per_card,
@@ -58,6 +66,21 @@ def stack_guard(installed: Callable[[str], str | None] = installed_version) -> N
                 comp.validated,
                 comp.install,
             )
+
+
+def config_range_guard(vllm_config: VllmConfig) -> None:
+    """Refuse, with the doctor's words, a model whose config sets a dimension outside
+    ``CONFIG_LIMITS`` (``ConfigRangeError``: field, value, bound and the fix)."""
+    model_config = vllm_config.model_config
+    if model_config is None:
+        return
+    try:
+        check_config_ranges(model_config.hf_config.to_dict())
+    except ConfigRangeError as exc:
+        raise ConfigRangeError(
+            f"vllm-kunlun: {exc}, in {model_config.model}: refused before vLLM builds "
+            f"the model. Fix: {CONFIG_RANGE_FIX}"
+        ) from None
 
 
 def engine_budget(vllm_config: VllmConfig) -> Budget | None:
@@ -112,6 +135,7 @@ def budget_guard(vllm_config: VllmConfig) -> None:
 def check_engine_config(vllm_config: VllmConfig) -> None:
     """Called from the platform's check_and_update_config."""
     stack_guard()
+    config_range_guard(vllm_config)
     try:
         budget_guard(vllm_config)
     except Exception as exc:  # an estimate must never stop an engine
