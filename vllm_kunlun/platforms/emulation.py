@@ -98,14 +98,16 @@ class KunlunHostEmulationPlatform(KunlunPlatformBase):
     # ---- configuration --------------------------------------------------------------
     @classmethod
     def check_and_update_config(cls, vllm_config: VllmConfig) -> None:
-        from vllm_kunlun.guards.engine_checks import stack_guard
+        from vllm_kunlun.guards.engine_checks import config_range_guard, stack_guard
         from vllm_kunlun.platforms.emulation_defaults import apply_emulation_defaults
         from vllm_kunlun.platforms.kunlun_defaults import apply_kunlun_defaults
 
         apply_emulation_defaults(vllm_config)
         # Then the same defaults and engine-start guards as on Kunlun (fusion passes
-        # off, LoRA refused, stack check; the model-path guard is installed by the
-        # base class). Not the device-memory budget: the emulated KV cache is a fixed
-        # size (VLLM_KUNLUN_EMULATION_KV_CACHE_GIB) and there is no device to fill.
+        # off, LoRA refused, stack and model-dimension checks; the model-path guard
+        # is installed by the base class). Not the device-memory budget: the emulated
+        # KV cache is a fixed size (VLLM_KUNLUN_EMULATION_KV_CACHE_GIB) and there is no
+        # device to fill.
         apply_kunlun_defaults(vllm_config)
         stack_guard()
+        config_range_guard(vllm_config)
