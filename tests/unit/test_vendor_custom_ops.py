@@ -371,6 +371,40 @@ def test_kernel_that_raises_closes_the_route_and_says_why_once(
     ]
 
 
+@pytest.mark.parametrize("contiguous", [True, False], ids=["contiguous", "qkv-views"])
+@pytest.mark.parametrize("kernel", ["rotary_embedding", "mrotary_embedding_neox"])
+def test_rotary_kernel_that_rotated_then_raised_is_not_applied_twice(
+    fake_ops: Any, monkeypatch: pytest.MonkeyPatch, kernel: str, contiguous: bool
+) -> None:
+    """The kernels rotate in place. One that wrote its result and then raised: the
+    native fallback must see the inputs as they were (vLLM's answer, rotated once),
+    and the caller's tensors are left alone. Contiguous q/k (as after Qwen3's q/k
+    norms) are where an in-place kernel would write into the caller's own tensors."""
+    from vllm_kunlun.ops.custom_ops.rotary import KunlunMRotaryEmbedding
+
+    rotate = getattr(fake_ops, kernel)
+
+    def rotate_then_raise(*args: Any, **kwargs: Any) -> None:
+        rotate(*args, **kwargs)
+        raise RuntimeError("XPU_ERR 0x9 after the write (test)")
+
+    monkeypatch.setattr(fake_ops, kernel, rotate_then_raise)
+    rope = KunlunMRotaryEmbedding(64, 64, 256, 1e4, True, torch.float32, [8, 12, 12])
+    q, k = qkv_views(5, 4, 2, 64, torch.float32, seed=9)
+    if contiguous:
+        q, k = q.contiguous(), k.contiguous()
+    shape = (3, 5) if kernel == "mrotary_embedding_neox" else (5,)
+    positions = torch.randint(0, 256, shape, generator=torch.Generator().manual_seed(9))
+    q0, k0 = q.clone(), k.clone()
+    want_q, want_k = rope.forward_native(positions, q.clone(), k.clone())
+    got_q, got_k = rope.forward_oot(positions, q, k)
+    assert kernel_calls(fake_ops) == [kernel]  # the kernel ran and wrote
+    assert not rope.kunlun_route.ready and rope.kunlun_route.native_calls == 1
+    torch.testing.assert_close(got_q, want_q)
+    torch.testing.assert_close(got_k, want_k)
+    assert torch.equal(q, q0) and torch.equal(k, k0)
+
+
 def test_platform_that_wants_no_vendor_kernels_keeps_native(
     fake_ops: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:

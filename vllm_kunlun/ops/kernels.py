@@ -95,7 +95,13 @@ class Route:
         native_impl: Callable[..., T],
         *args: Any,
     ) -> T:
-        """``vendor_impl(kernels, *args)`` when it can, else ``native_impl(*args)``."""
+        """``vendor_impl(kernels, *args)`` when it can, else ``native_impl(*args)``.
+
+        The fallback runs on the same ``args`` after the kernel may have started, so a
+        ``vendor_impl`` must never write into its arguments: a kernel that works in
+        place gets copies (see ``ops/rotary.py``), else a kernel that wrote and then
+        raised would have its op applied twice.
+        """
         if self.ready:
             try:
                 result = vendor_impl(self.kernels, *args)

@@ -9,10 +9,17 @@ Assumptions, the same as vLLM's own ``_C.rotary_embedding`` (which upstream's ca
 mirror): the kernels rotate ``query`` ([tokens, heads * head_size] or
 [tokens, heads, head_size]) and ``key`` in place, take the rotary width from
 ``cos_sin_cache`` ([max_position, rotary_dim]: cos then sin, in the query dtype), leave
-the rest of each head untouched, and index the cache with int64 ``positions``. The
-tensors are made contiguous first (vLLM's q/k are views into the fused qkv output); the
-rotated tensors are returned, so the caller never relies on the in-place write into its
-own views.
+the rest of each head untouched, and index the cache with int64 ``positions``.
+
+The kernels rotate contiguous copies of query and key, never the caller's tensors, and
+the rotated copies are returned (vLLM's callers use the returned tensors). Why: when a
+kernel raises, ``Route.run`` falls back to vLLM's native path on the same inputs; had
+the kernel rotated them in place before raising, the fallback would rotate them a
+second time. The copy costs nothing extra when q/k are views into the fused qkv output
+(making them contiguous copied them anyway) and one more read and write of q and k when
+they are already contiguous (Qwen3's q/k norms return fresh tensors): small next to the
+attention that follows. Refusing the fallback instead would turn a kernel error into a
+failed request.
 
 Removal: never; this is the vendor seam for rotary embedding.
 """
@@ -42,7 +49,13 @@ def _prepare(
         )
     if positions.dtype != torch.int64:
         raise Refused(f"positions dtype {positions.dtype}, not int64")
-    return positions.contiguous(), query.contiguous(), key.contiguous()
+    # Copies, also of contiguous inputs: the kernels write them (module docstring).
+    copy = torch.contiguous_format
+    return (
+        positions.contiguous(),
+        query.clone(memory_format=copy),
+        key.clone(memory_format=copy),
+    )
 
 
 def rotary_embedding(
