@@ -113,3 +113,35 @@ def test_leftovers_are_found_only_in_target_directories(tmp_path: Path) -> None:
     assert found == [mine]
     assert fsops.remove_leftovers(found) == [] and not mine.exists()
     assert elsewhere.exists()
+
+
+def test_paths_written_cover_every_directory_and_pycache(tmp_path: Path) -> None:
+    got = fsops.paths_written(tmp_path, ["vllm/a/b.py", "vllm/c.py"])
+    assert got == [
+        tmp_path / "vllm",
+        tmp_path / "vllm" / "a",
+        tmp_path / "vllm" / "a" / "b.py",
+        tmp_path / "vllm" / "a" / "__pycache__",
+        tmp_path / "vllm" / "c.py",
+        tmp_path / "vllm" / "__pycache__",
+    ]
+
+
+def test_escaping_link_resolves_relative_links_and_skips_loops(tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    (root / "vllm").mkdir(parents=True)
+    (tmp_path / "out").mkdir()
+    os.symlink("../../out", root / "vllm" / "sub")  # relative, and out of root
+    os.symlink(".", root / "vllm" / "here")  # stays inside
+    os.symlink("loop", root / "vllm" / "loop")
+    assert fsops.escaping_link(root, root / "vllm" / "sub" / "b.py") == (
+        root / "vllm" / "sub",
+        "../../out",
+    )
+    assert fsops.escaping_link(root, root / "vllm" / "here" / "b.py") is None
+    assert fsops.escaping_link(root, root / "vllm" / "here" / "sub") == (
+        root / "vllm" / "here" / "sub",
+        "../../out",
+    )
+    assert fsops.escaping_link(root, root / "vllm" / "loop") is None
+    assert fsops.escaping_link(root, root / "vllm" / "missing.py") is None
