@@ -58,3 +58,47 @@ def test_worker_applies_the_sampler_patch_without_the_general_plugin() -> None:
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "SAMPLERS TopKTopPSampler KunlunTopKTopPSampler" in proc.stdout
+
+
+FILTERED_IMPORT = """
+import json
+try:
+    from vllm import LLM
+except ValueError as exc:
+    print("IMPORT FAILED " + str(exc)[:200])
+else:
+    print("IMPORT OK")
+from vllm_kunlun.doctor.finding import Context
+from vllm_kunlun.doctor.plugins import check_plugins
+f = check_plugins(Context())
+print("FINDING " + json.dumps({"status": f.status, "cause": f.cause, "fix": f.fix}))
+"""
+
+
+def test_platform_plugin_filtered_out_the_import_failure_is_named() -> None:
+    """VLLM_PLUGINS=nonexistent,,kunlun_runtime_fixes: vLLM never calls register(),
+    where the schema fix is applied, and loads the general plugin only after
+    vllm.config is imported; so with the patch set unapplied on torch 2.5.1 `from vllm
+    import LLM` dies in infer_schema (README, "Runtime fixes"), and the doctor's
+    plugins check names that cause and both ways out."""
+    proc = run_python(
+        FILTERED_IMPORT,
+        env={"VLLM_PLUGINS": "nonexistent,,kunlun_runtime_fixes"},
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = proc.stdout.splitlines()
+    imported = next(line for line in lines if line.startswith("IMPORT "))
+    finding = json.loads(next(x for x in lines if x.startswith("FINDING "))[8:])
+    assert finding["status"] == "fail"
+    assert "leaves out kunlun (vllm.platform_plugins)" in finding["cause"]
+    if imported == "IMPORT OK":  # this vLLM has the whole patch set applied
+        assert "infer_schema" not in finding["cause"]
+        return
+    assert "infer_schema(func)" in imported and "list[int]" in imported
+    assert "`from vllm import LLM`" in finding["cause"]
+    assert "schema_pep585 runs in the platform plugin's register()" in finding["cause"]
+    assert finding["fix"].startswith(
+        "export VLLM_PLUGINS=nonexistent,kunlun_runtime_fixes,kunlun "
+    )
+    assert finding["fix"].endswith("run `vllm-kunlun patch apply`")

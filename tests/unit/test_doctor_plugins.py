@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from vllm_kunlun.doctor.finding import Context
-from vllm_kunlun.doctor.plugins import check_plugins, our_entry_points
+from vllm_kunlun.doctor.plugins import check_plugins, our_entry_points, schema_gap
 
 OURS = {
     "kunlun": "vllm.platform_plugins",
@@ -69,3 +69,47 @@ def test_registered_among_the_doctor_checks() -> None:
 
     names = [name for name, _ in CHECKS]
     assert names.index("plugins") < names.index("platform")
+
+
+GAP = "on torch 2.5.1 `import vllm.config` ... dies in torch's infer_schema"
+
+
+def test_platform_plugin_left_out_on_torch_251_names_the_import_failure() -> None:
+    """VLLM_PLUGINS=nonexistent,,kunlun_runtime_fixes: vLLM never calls register(),
+    which applies the schema fix, so `from vllm import LLM` dies in infer_schema; the
+    finding says so and offers the patch set as the other way out."""
+    env = {"VLLM_PLUGINS": "nonexistent,,kunlun_runtime_fixes"}
+    f = check_plugins(Context(), environ=env, ours=OURS, import_gap=lambda: GAP)
+    assert f.status == "fail" and f.cause.endswith(f"; {GAP}")
+    assert f.fix.startswith("export VLLM_PLUGINS=nonexistent,kunlun_runtime_fixes,")
+    assert f.fix.endswith("run `vllm-kunlun patch apply`")
+    assert f.details["import_vllm_config"] == GAP
+
+
+def test_import_gap_is_only_asked_when_the_platform_plugin_is_out() -> None:
+    def boom() -> str:
+        raise AssertionError("asked although the platform plugin loads")
+
+    f = check_plugins(
+        Context(), environ={"VLLM_PLUGINS": "kunlun"}, ours=OURS, import_gap=boom
+    )
+    assert f.status == "warn" and "infer_schema" not in f.cause
+    env = {"VLLM_PLUGINS": "kunlun_runtime_fixes"}
+    f = check_plugins(Context(), environ=env, ours=OURS, import_gap=lambda: None)
+    assert "infer_schema" not in f.cause and "patch apply" not in f.fix
+
+
+@pytest.mark.parametrize(("applied", "gap"), [(0, True), (6, True), (7, False)])
+def test_schema_gap_follows_the_patch_set(
+    monkeypatch: pytest.MonkeyPatch, applied: int, gap: bool
+) -> None:
+    from vllm_kunlun.patching import engine, schema
+
+    if not schema.needed():
+        pytest.skip("torch >= 2.6 infers these schemas itself")
+    monkeypatch.setattr(engine, "status_summary", lambda: (applied, 7, {}))
+    found = schema_gap()
+    assert bool(found) is gap
+    if gap:
+        assert f"({applied}/7)" in str(found) and "list[int]" in str(found)
+        assert "register()" in str(found)

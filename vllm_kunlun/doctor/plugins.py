@@ -8,12 +8,20 @@ platform plugin (``vllm.platform_plugins``) means vLLM never picks the Kunlun pl
 guards (a missing local model path, out-of-range prompt token ids): a warning. The
 workers are not affected: the plugin's worker applies the runtime fixes itself. The
 entry point names are read from the installed metadata, so the check follows setup.py.
+
+On torch < 2.6 leaving out the platform plugin also breaks ``import vllm.config`` (so
+``from vllm import LLM`` and ``vllm serve``) unless the file patch set is applied: the
+schema fix ``schema_pep585`` runs in the platform plugin's ``register()``, which vLLM
+calls when it resolves its platform, right before its first custom op; the general
+plugin loads only later, from ``EngineArgs``, after ``vllm.config`` is imported. vLLM
+then dies with a bare ``infer_schema ... unsupported type list[int]``; this check names
+that cause.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from importlib.metadata import entry_points
 
 from vllm_kunlun.doctor.finding import Context, Finding
@@ -38,10 +46,39 @@ def our_entry_points() -> dict[str, str]:
     return found
 
 
+def schema_gap() -> str | None:
+    """Why ``import vllm.config`` needs the platform plugin here, or None when not.
+
+    Needed on torch < 2.6 while the patch set is not fully applied (with all of it
+    applied, ``from vllm import LLM`` imports without the schema fix).
+    """
+    from vllm_kunlun.patching import schema
+
+    if not schema.needed():
+        return None
+    from vllm_kunlun.patching import engine
+    from vllm_kunlun.patching.errors import PatchError
+
+    try:
+        applied, total, _ = engine.status_summary()
+    except (PatchError, OSError):
+        applied, total = 0, 1  # the set cannot apply here: nothing stands in for it
+    if applied == total:
+        return None
+    torch_version = engine.installed_torch_version()
+    return (
+        f"on torch {torch_version} `import vllm.config` (so `from vllm import LLM`, "
+        "`vllm serve`) then dies in torch's infer_schema with \"unsupported type "
+        f"list[int]\": the schema fix {schema.NAME} runs in the platform plugin's "
+        f"register(), and the patch set is not applied ({applied}/{total})"
+    )
+
+
 def check_plugins(
     ctx: Context,
     environ: Mapping[str, str] | None = None,
     ours: Mapping[str, str] | None = None,
+    import_gap: Callable[[], str | None] = schema_gap,
 ) -> Finding:
     env = os.environ if environ is None else environ
     ours = our_entry_points() if ours is None else ours
@@ -84,10 +121,16 @@ def check_plugins(
             f" (vLLM does not trim spaces: {', '.join(repr(a) for a in padded)} "
             "matches no plugin)"
         )
+    fix = f"export VLLM_PLUGINS={fixed} (or unset VLLM_PLUGINS to load every plugin)"
+    platform_missing = PLATFORM_GROUP in missing.values()
+    gap = import_gap() if platform_missing else None
+    if gap:
+        cause += f"; {gap}"
+        fix += "; to keep the platform plugin out, run `vllm-kunlun patch apply`"
     return Finding(
         "plugins",
-        "fail" if PLATFORM_GROUP in missing.values() else "warn",
+        "fail" if platform_missing else "warn",
         cause,
-        f"export VLLM_PLUGINS={fixed} (or unset VLLM_PLUGINS to load every plugin)",
-        {**details, "missing": sorted(missing)},
+        fix,
+        {**details, "missing": sorted(missing), "import_vllm_config": gap},
     )

@@ -107,5 +107,5 @@ def state() -> str:
         )
     return (
         f"needed on torch {torch.__version__} (import vllm.config); applied by the "
-        "platform in every vLLM process"
+        "platform plugin in every vLLM process that loads it (VLLM_PLUGINS)"
     )
