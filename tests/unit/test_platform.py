@@ -111,17 +111,128 @@ def test_lora_decision_is_explicit() -> None:
         KunlunPlatform.get_punica_wrapper()
 
 
+# One rank of the two-rank test: its own input, an all-reduce on the stateless group
+# of each platform, the result printed for the parent to check.
+_RANK = """
+import json, sys
+from datetime import timedelta
+from vllm_kunlun.patching import schema
+
+schema.apply()  # what the platform does first on torch 2.5.1 (vllm.distributed needs it)
+import torch
+from torch.distributed import PrefixStore, TCPStore
+from vllm_kunlun.platforms.emulation import KunlunHostEmulationPlatform
+from vllm_kunlun.platforms.kunlun import KunlunPlatform
+
+rank, port = int(sys.argv[1]), int(sys.argv[2])
+store = TCPStore("127.0.0.1", port, is_master=False, timeout=timedelta(seconds=60))
+out = {}
+for platform in (KunlunPlatform, KunlunHostEmulationPlatform):
+    name = platform.__name__
+    pg = platform.stateless_init_device_torch_dist_pg(
+        "gloo", PrefixStore(name, store), rank, 2, timedelta(seconds=60)
+    )
+    t = torch.tensor([1.0 + rank, 10.0 ** (rank + 1)])
+    pg.allreduce([t]).wait()
+    out[name] = {"sum": t.tolist(), "rank": pg.rank(), "size": pg.size()}
+print("RESULT " + json.dumps(out), flush=True)
+"""
+
+
+@pytest.mark.slow
 def test_stateless_gloo_group_really_communicates() -> None:
+    """Two processes, each with different input, all-reduce through the stateless group
+    (vLLM's DP / KV-transfer groups) of both platforms: each rank must hold the sum of
+    both inputs, which neither had alone."""
+    import json
+    import subprocess
+    import sys
+
+    from torch.distributed import TCPStore
+
+    from tests.conftest import REPO, child_env
+
+    store = TCPStore("127.0.0.1", 0, is_master=True, timeout=timedelta(seconds=60))
+    ranks = [
+        subprocess.Popen(
+            [sys.executable, "-c", _RANK, str(rank), str(store.port)],
+            env=child_env(),
+            cwd=REPO,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for rank in range(2)
+    ]
+    outputs = []
+    try:
+        for proc in ranks:
+            outputs.append(proc.communicate(timeout=300)[0])
+    except subprocess.TimeoutExpired:
+        for proc in ranks:
+            proc.kill()
+        tails = [(p.communicate()[0] or "")[-2000:] for p in ranks]
+        pytest.fail(f"a rank did not finish in 300 s; their output: {tails}")
+    for rank, (proc, output) in enumerate(zip(ranks, outputs, strict=True)):
+        assert proc.returncode == 0, f"rank {rank}: {output[-3000:]}"
+        line = next(x for x in output.splitlines() if x.startswith("RESULT "))
+        for name, got in json.loads(line[len("RESULT ") :]).items():
+            # rank 0 sent [1, 10], rank 1 [2, 100]
+            assert got == {"sum": [3.0, 110.0], "rank": rank, "size": 2}, (name, got)
+
+
+def test_nccl_branch_reaches_torchs_nccl_backend() -> None:
+    """The nccl branch builds torch's ProcessGroupNCCL (Kunlun's NCCL-compatible library
+    on a card), not a quiet gloo fallback: on this host without a GPU torch's own
+    constructor refuses, which shows the branch got there. A real NCCL collective
+    cannot run here (no device)."""
     from torch.distributed import HashStore, PrefixStore
 
-    store = PrefixStore("test", HashStore())
+    if torch.cuda.is_available():
+        pytest.skip("a device is visible: the constructor would succeed")
+    with pytest.raises(
+        ValueError, match="ProcessGroupNCCL is only supported with GPUs"
+    ):
+        KunlunPlatform.stateless_init_device_torch_dist_pg(
+            "nccl", PrefixStore("n", HashStore()), 0, 1, timedelta(seconds=5)
+        )
+
+
+def test_nccl_branch_passes_store_ranks_and_timeout_and_registers_the_backend(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """What the nccl branch hands torch, with torch's real ProcessGroup, real NCCL
+    options and real backend registration. Only ProcessGroupNCCL's constructor (it
+    needs a GPU) is replaced: by one that records its arguments and returns a real
+    gloo backend on the same store, rank and size. What cannot run here: NCCL itself
+    (Kunlun's collective library) and a collective on the device group."""
+    import torch.distributed.distributed_c10d as c10d
+    from torch.distributed import HashStore, PrefixStore, ProcessGroup
+
+    real_nccl = c10d.ProcessGroupNCCL
+    calls: list[tuple] = []
+    made: list[c10d.ProcessGroupGloo] = []
+
+    class RecordingNCCL:
+        Options = real_nccl.Options
+
+        def __new__(cls, store, rank, size, options):  # type: ignore[no-untyped-def]
+            calls.append((store, rank, size, options))
+            made.append(c10d.ProcessGroupGloo(store, rank, size, options._timeout))
+            return made[-1]
+
+    monkeypatch.setattr(c10d, "ProcessGroupNCCL", RecordingNCCL)
+    store = PrefixStore("nccl-args", HashStore())
     pg = KunlunPlatform.stateless_init_device_torch_dist_pg(
-        "gloo", store, 0, 1, timedelta(seconds=30)
+        "nccl", store, 0, 1, timedelta(seconds=7)
     )
-    t = torch.tensor([2.0, 3.0])
-    pg.allreduce([t]).wait()
-    assert t.tolist() == [2.0, 3.0]
-    assert pg.size() == 1 and pg.rank() == 0
+    ((got_store, rank, size, options),) = calls
+    assert got_store is store and (rank, size) == (0, 1)
+    assert isinstance(options, real_nccl.Options)
+    assert options._timeout == timedelta(seconds=7)  # vLLM's timeout, not NCCL's 10 min
+    assert isinstance(pg, ProcessGroup) and (pg.rank(), pg.size()) == (0, 1)
+    assert pg._get_backend_name() == "nccl"  # the group's default backend
+    assert pg._get_backend(torch.device("cuda")) is made[0]  # registered for cuda
 
 
 def test_unknown_backend_is_refused() -> None:
