@@ -11,11 +11,17 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 from pathlib import Path
 
 import pytest
 
-from vllm_kunlun.doctor.budget import ModelShape, check_kv_budget
+from vllm_kunlun.doctor.budget import (
+    ConfigRangeError,
+    ModelShape,
+    check_config_ranges,
+    check_kv_budget,
+)
 from vllm_kunlun.doctor.finding import Context
 
 GIB = 1 << 30
@@ -207,6 +213,26 @@ def test_out_of_range_config_values_are_named(
     f = _check(model, tensor_parallel_size=8)
     assert f.status == "fail" and words in f.cause, f
     assert "config.json" in f.fix
+
+
+def test_engine_range_check_bounds_what_a_config_sets_and_requires_nothing() -> None:
+    """The engine-start guard's check: the same bounds and words as the doctor, but a
+    field the config does not set (or sets to null) is no refusal: architectures name
+    their dimensions differently, and the guard runs for every engine."""
+    check_config_ranges({"model_type": "whisper", "d_model": 512})  # nothing to bound
+    check_config_ranges({**TEXT, "head_dim": None, "linear_num_key_heads": 0})
+    refused: list[tuple[dict[str, object], str]] = [
+        ({**TEXT, "num_hidden_layers": 100_000}, "num_hidden_layers = 100000 is out"),
+        (
+            {"text_config": {"vocab_size": 1 << 30}},
+            "text_config.vocab_size = 1073741824",
+        ),
+        ({"num_attention_heads": 0}, "num_attention_heads = 0 is out of range (1 to"),
+        ({"num_key_value_heads": "4"}, "num_key_value_heads = '4' is not an integer"),
+    ]
+    for config, words in refused:
+        with pytest.raises(ConfigRangeError, match=re.escape(words)):
+            check_config_ranges(config)
 
 
 def test_nothing_fits_at_any_utilization(tmp_path: Path) -> None:
