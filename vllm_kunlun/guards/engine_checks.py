@@ -8,7 +8,7 @@ hour later with a traceback.
 - KV / state budget (doctor check ``kv_budget``): warns with the arithmetic and the
   largest safe ``--gpu-memory-utilization``.
 - Model dimensions (the ``kv_budget`` range check, ``CONFIG_LIMITS``): a config with
-  100000 layers, a million heads or a 2^30 vocabulary raises ``ConfigRangeError``
+  100000 layers, a million heads or a 2^30 vocabulary raises ``ModelDimensionError``
   naming the field, the value and the bound, before vLLM starts building layers (it
   would otherwise spend minutes and gigabytes on them).
 These run from ``KunlunPlatform.check_and_update_config`` (``check_engine_config``);
@@ -49,6 +49,14 @@ class StackError(RuntimeError):
     """An installed component release known to break the validated stack."""
 
 
+class ModelDimensionError(RuntimeError):
+    """A model config dimension outside the doctor's bounds (``CONFIG_LIMITS``).
+
+    A RuntimeError, not a ValueError: vLLM's VllmConfig is a pydantic dataclass, which
+    turns a ValueError raised in ``check_and_update_config`` into a ValidationError
+    that buries the message under a dump of every config argument."""
+
+
 def stack_guard(installed: Callable[[str], str | None] = installed_version) -> None:
     for check in stack_status(installed):
         comp = check.component
@@ -70,14 +78,14 @@ def stack_guard(installed: Callable[[str], str | None] = installed_version) -> N
 
 def config_range_guard(vllm_config: VllmConfig) -> None:
     """Refuse, with the doctor's words, a model whose config sets a dimension outside
-    ``CONFIG_LIMITS`` (``ConfigRangeError``: field, value, bound and the fix)."""
+    ``CONFIG_LIMITS`` (``ModelDimensionError``: field, value, bound and the fix)."""
     model_config = vllm_config.model_config
     if model_config is None:
         return
     try:
         check_config_ranges(model_config.hf_config.to_dict())
     except ConfigRangeError as exc:
-        raise ConfigRangeError(
+        raise ModelDimensionError(
             f"vllm-kunlun: {exc}, in {model_config.model}: refused before vLLM builds "
             f"the model. Fix: {CONFIG_RANGE_FIX}"
         ) from None
