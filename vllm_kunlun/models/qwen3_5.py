@@ -226,8 +226,16 @@ class Qwen3_5GatedDeltaNet(Qwen3NextGatedDeltaNet):
         heads_per_rank = divide(self.num_v_heads, self.tp_size)
         self.dt_bias = nn.Parameter(torch.ones(heads_per_rank))
         self.A_log = nn.Parameter(torch.empty(heads_per_rank))
-        set_weight_attrs(self.A_log, {"weight_loader": sharded_weight_loader(0)})
-        set_weight_attrs(self.dt_bias, {"weight_loader": sharded_weight_loader(0)})
+        # checkpoint_shape: the whole on-disk tensor, for the checkpoint guard
+        # (vllm_kunlun/guards/checkpoint.py), which cannot see through these loaders.
+        for param in (self.A_log, self.dt_bias):
+            set_weight_attrs(
+                param,
+                {
+                    "weight_loader": sharded_weight_loader(0),
+                    "checkpoint_shape": (self.num_v_heads,),
+                },
+            )
 
         # Norm before gate, plain weight: out = rmsnorm(x) * w * silu(z).
         self.norm = RMSNormGated(

@@ -154,6 +154,19 @@ REGISTRY: tuple[RuntimePatch, ...] = (
         "vLLM checks local paths before the Hub",
     ),
     RuntimePatch(
+        "engine_checkpoint_guard",
+        "vllm_kunlun.guards.checkpoint",
+        (
+            "vllm.model_executor.model_loader.default_loader.DefaultModelLoader."
+            "load_weights",
+        ),
+        "a quantized checkpoint missing a tensor loads silently (vLLM checks "
+        "completeness only for unquantized models) and the weight loaders cut an "
+        "oversize tensor to fit",
+        "the plugin's worker, in every process that loads a checkpoint",
+        "vLLM checks loaded shapes and quantized models' completeness",
+    ),
+    RuntimePatch(
         "engine_token_id_guard",
         "vllm_kunlun.guards.token_ids",
         ("vllm.v1.engine.input_processor.InputProcessor._validate_model_input",),

@@ -101,7 +101,9 @@ class KunlunHostEmulationPlatform(KunlunPlatformBase):
         from vllm_kunlun.guards.engine_checks import config_range_guard, stack_guard
         from vllm_kunlun.platforms.emulation_defaults import apply_emulation_defaults
         from vllm_kunlun.platforms.kunlun_defaults import apply_kunlun_defaults
+        from vllm_kunlun.quantization.schemes import refuse_schemes
 
+        refuse_schemes(vllm_config.quant_config, cls._attn_where)
         apply_emulation_defaults(vllm_config)
         # Then the same defaults and engine-start guards as on Kunlun (fusion passes
         # off, LoRA refused, stack and model-dimension checks; the model-path guard

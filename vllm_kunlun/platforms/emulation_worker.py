@@ -61,7 +61,7 @@ class EmulationModelRunner(CPUModelRunner):
 
 class EmulationWorker(CPUWorker):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
-        prepare_model_process()
+        prepare_model_process(loads_weights=True)
         super().__init__(*args, **kwargs)
 
     def init_device(self) -> None:

@@ -123,10 +123,14 @@ class KunlunPlatformBase(Platform):
 
     @classmethod
     def verify_quantization(cls, quant: str) -> None:
-        """A quantized model is being configured: register our int8 kernel before
+        """A quantized model is being configured: refuse a method the platform cannot
+        run (vllm_kunlun/quantization/schemes.py), register our int8 kernel before
         vLLM builds its W8A8 layers (vllm_kunlun/quantization/patches.py)."""
-        super().verify_quantization(quant)
         from vllm_kunlun.quantization import patches
+        from vllm_kunlun.quantization.schemes import refuse_method
+
+        refuse_method(quant, cls._attn_where)
+        super().verify_quantization(quant)
 
         patches.apply()
 
@@ -351,7 +355,9 @@ class KunlunPlatform(KunlunPlatformBase):
         from vllm_kunlun.ops.custom_ops import log_enablement
         from vllm_kunlun.platforms.graphs import apply_graph_defaults
         from vllm_kunlun.platforms.kunlun_defaults import apply_kunlun_defaults
+        from vllm_kunlun.quantization.schemes import refuse_schemes
 
+        refuse_schemes(vllm_config.quant_config, cls._attn_where)
         apply_kunlun_defaults(vllm_config)
         apply_graph_defaults(vllm_config)
         log_enablement(vllm_config)  # after the graph defaults settle the compile mode

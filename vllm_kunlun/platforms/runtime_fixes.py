@@ -59,16 +59,23 @@ def apply_runtime_fixes() -> None:
     custom_ops.register_all()
 
 
-def prepare_model_process() -> None:
+def prepare_model_process(loads_weights: bool = False) -> None:
     """Runtime fixes and model registrations, in a process about to build a model.
 
     Idempotent. Both of the plugin's workers call it first thing (independently of
-    ``VLLM_PLUGINS``), and the general plugin calls it in the front-end processes.
+    ``VLLM_PLUGINS``) with ``loads_weights``, and the general plugin calls it in the
+    front-end processes. ``loads_weights``: this process loads the checkpoint, so the
+    checkpoint guard goes in (it imports vLLM's model loader, seconds that a front end
+    which never loads weights should not pay).
     """
     from vllm_kunlun.models import register_models
 
     apply_runtime_fixes()
     register_models()
+    if loads_weights:
+        from vllm_kunlun.guards import checkpoint
+
+        checkpoint.apply()
 
 
 GENERAL_PLUGIN = "kunlun_runtime_fixes"

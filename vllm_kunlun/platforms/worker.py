@@ -23,5 +23,5 @@ from vllm_kunlun.platforms.runtime_fixes import prepare_model_process
 
 class KunlunWorker(Worker):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
-        prepare_model_process()
+        prepare_model_process(loads_weights=True)
         super().__init__(*args, **kwargs)

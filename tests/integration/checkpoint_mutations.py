@@ -1,0 +1,203 @@
+"""Broken tiny checkpoints: the plugin's tiny writers, then one tensor or the config
+changed, as a bad export or a partial download leaves them.
+
+Each case: a writer, the changes, and what the refusal must name. Used by
+test_checkpoint_guard.py (vLLM's real loader in one interpreter) and
+test_checkpoint_guard_engine.py (real engine starts).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from vllm_kunlun.demo.tiny_model import write_tiny_model
+from vllm_kunlun.demo.tiny_quant import write_tiny_w8a8
+from vllm_kunlun.demo.tiny_qwen3_5 import TinyQwen3_5Spec
+
+WEIGHTS = "model.safetensors"
+
+
+def _qwen3(d: Path) -> Path:
+    return write_tiny_model(d)
+
+
+def _qwen3_5(d: Path) -> Path:
+    return write_tiny_model(d, TinyQwen3_5Spec())
+
+
+def _qwen3_5_composite(d: Path) -> Path:
+    return write_tiny_model(d, TinyQwen3_5Spec(layout="composite"))
+
+
+def _w8a8(d: Path) -> Path:
+    return write_tiny_w8a8(d)
+
+
+WRITERS: dict[str, Callable[[Path], Path]] = {
+    "qwen3": _qwen3,
+    "qwen3_5": _qwen3_5,
+    "qwen3_5_composite": _qwen3_5_composite,
+    "w8a8": _w8a8,
+}
+
+FP8_CONFIG = {"quant_method": "fp8", "activation_scheme": "dynamic"}
+
+
+def _ct_fp8_config() -> dict[str, Any]:
+    """compressed-tensors with FP8 weights and activations (llm-compressor's FP8)."""
+    from vllm_kunlun.demo.tiny_quant import w8a8_dynamic_config
+
+    config = w8a8_dynamic_config(["lm_head"])
+    group = config["config_groups"]["group_0"]
+    group["weights"]["type"] = "float"
+    group["input_activations"]["type"] = "float"
+    config["format"] = "float-quantized"
+    return config
+
+
+@dataclass(frozen=True)
+class Case:
+    """``writer``'s checkpoint with ``drop`` deleted, each ``rows`` tensor grown
+    (or shrunk) by that many rows, each ``shape`` tensor replaced by zeros of that
+    shape, and the config's ``quantization_config`` set to ``quant``."""
+
+    writer: str
+    drop: tuple[str, ...] = ()
+    rows: dict[str, int] = field(default_factory=dict)
+    shape: dict[str, tuple[int, ...]] = field(default_factory=dict)
+    quant: dict[str, Any] | None = None
+    config: dict[str, Any] = field(default_factory=dict)
+    # What the refusal must say (each string), or () for a checkpoint that must load.
+    expect: tuple[str, ...] = ()
+
+
+CASES: dict[str, Case] = {
+    # --- untouched (or legitimately partial) checkpoints: must load -------------------
+    "qwen3_ok": Case("qwen3"),
+    "w8a8_ok": Case("w8a8"),
+    "qwen3_5_ok": Case("qwen3_5"),
+    "qwen3_5_composite_ok": Case("qwen3_5_composite"),
+    # Tied embeddings: no lm_head tensor, and none is needed.
+    "qwen3_tied_ok": Case(
+        "qwen3", drop=("lm_head.weight",), config={"tie_word_embeddings": True}
+    ),
+    # --- the issue's rows --------------------------------------------------------------
+    "w8a8_missing_scale": Case(
+        "w8a8",
+        drop=("model.layers.1.mlp.down_proj.weight_scale",),
+        expect=("not initialized", "model.layers.1.mlp.down_proj.weight_scale"),
+    ),
+    # One shard's scale of a merged parameter: vLLM's own name check would pass it.
+    "w8a8_missing_shard_scale": Case(
+        "w8a8",
+        drop=("model.layers.0.self_attn.k_proj.weight_scale",),
+        expect=("model.layers.0.self_attn.qkv_proj.weight_scale (shard 'k')",),
+    ),
+    "w8a8_scale_3x3": Case(
+        "w8a8",
+        shape={"model.layers.0.mlp.gate_proj.weight_scale": (3, 3)},
+        expect=(
+            "'model.layers.0.mlp.gate_proj.weight_scale'",
+            "model.layers.0.mlp.gate_up_proj.weight_scale",
+            "expected shape [128, 1], found [3, 3]",
+        ),
+    ),
+    "qwen3_q_proj_8_extra": Case(
+        "qwen3",
+        rows={"model.layers.0.self_attn.q_proj.weight": 8},
+        expect=(
+            "'model.layers.0.self_attn.q_proj.weight'",
+            "model.layers.0.self_attn.qkv_proj.weight",
+            "expected shape [128, 64], found [136, 64]",
+        ),
+    ),
+    "qwen3_5_in_proj_a_3_extra": Case(
+        "qwen3_5",
+        rows={"model.layers.0.linear_attn.in_proj_a.weight": 3},
+        expect=(
+            "'model.layers.0.linear_attn.in_proj_a.weight'",
+            "model.layers.0.linear_attn.in_proj_ba.weight",
+            "expected shape [4, 64], found [7, 64]",
+        ),
+    ),
+    "qwen3_5_in_proj_b_one_short": Case(
+        "qwen3_5",
+        rows={"model.layers.1.linear_attn.in_proj_b.weight": -1},
+        expect=(
+            "'model.layers.1.linear_attn.in_proj_b.weight'",
+            "expected shape [4, 64], found [3, 64]",
+        ),
+    ),
+    "qwen3_5_A_log_one_short": Case(
+        "qwen3_5",
+        rows={"model.layers.2.linear_attn.A_log": -1},
+        expect=(
+            "'model.layers.2.linear_attn.A_log'",
+            "expected shape [4], found [3]",
+        ),
+    ),
+    "qwen3_5_composite_conv_extra": Case(
+        "qwen3_5_composite",
+        rows={"model.language_model.layers.0.linear_attn.conv1d.weight": 2},
+        expect=(
+            "'model.language_model.layers.0.linear_attn.conv1d.weight'",
+            "expected shape [128, 1, 4], found [130, 1, 4]",
+        ),
+    ),
+    "qwen3_missing_k_proj": Case(
+        "qwen3",
+        drop=("model.layers.1.self_attn.k_proj.weight",),
+        expect=("model.layers.1.self_attn.qkv_proj.weight (shard 'k')",),
+    ),
+    "qwen3_embed_extra": Case(
+        "qwen3",
+        rows={"model.embed_tokens.weight": 5},
+        expect=("'model.embed_tokens.weight'", "found ["),
+    ),
+    "fp8_config": Case(
+        "qwen3",
+        quant=FP8_CONFIG,
+        expect=("fp8 quantization cannot run", "compressed-tensors W8A8-INT8"),
+    ),
+    "ct_fp8_scheme": Case(
+        "qwen3",
+        quant=_ct_fp8_config(),
+        expect=("8-bit float", "compressed-tensors W8A8-INT8"),
+    ),
+}
+
+
+def write_case(case: Case, directory: Path) -> Path:
+    """Write ``case``'s checkpoint into ``directory`` (a fresh path)."""
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    out = WRITERS[case.writer](directory)
+    tensors = load_file(str(out / WEIGHTS))
+    for name in (*case.drop, *case.rows, *case.shape):
+        if name not in tensors:
+            raise KeyError(f"{name} is not a tensor of the {case.writer} checkpoint")
+    for name in case.drop:
+        del tensors[name]
+    for name, delta in case.rows.items():
+        t = tensors[name]
+        if delta >= 0:
+            extra = torch.zeros((delta, *t.shape[1:]), dtype=t.dtype)
+            tensors[name] = torch.cat([t, extra]).contiguous()
+        else:
+            tensors[name] = t[:delta].contiguous()
+    for name, shape in case.shape.items():
+        tensors[name] = torch.zeros(shape, dtype=tensors[name].dtype)
+    save_file(tensors, str(out / WEIGHTS), metadata={"format": "pt"})
+    if case.quant is not None or case.config:
+        path = out / "config.json"
+        config = json.loads(path.read_text())
+        config.update(case.config)
+        if case.quant is not None:
+            config["quantization_config"] = case.quant
+        path.write_text(json.dumps(config, indent=2))
+    return out

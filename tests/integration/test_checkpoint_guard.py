@@ -1,0 +1,97 @@
+"""A checkpoint loads whole or not at all, through vLLM 0.15.1's real loader.
+
+One fresh interpreter under host emulation prepares itself as the plugin's workers do
+(``prepare_model_process(loads_weights=True)``), then, per case of
+``checkpoint_mutations.CASES``, builds vLLM's engine config from the checkpoint
+(``EngineArgs.create_engine_config``: the platform's quantization checks) and loads
+the model with vLLM's ``DefaultModelLoader.load_model`` (the model's own
+``load_weights`` and vLLM's weight loaders), which is what an engine start does
+before it profiles memory. The untouched checkpoints must load; every broken one must
+be refused naming the tensor, the parameter and the shapes (or what is missing).
+``test_checkpoint_guard_engine.py`` starts real engines on a few of them.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.conftest import run_python
+from tests.integration.checkpoint_mutations import CASES, write_case
+
+pytestmark = pytest.mark.slow
+
+SCRIPT = r"""
+import json, socket, sys, traceback
+from vllm.platforms import current_platform
+assert type(current_platform).__name__ == "KunlunHostEmulationPlatform"
+from vllm_kunlun.platforms.runtime_fixes import prepare_model_process
+prepare_model_process(loads_weights=WITH_GUARD)
+from vllm.config import set_current_vllm_config
+from vllm.distributed import parallel_state as ps
+from vllm.engine.arg_utils import EngineArgs
+from vllm.model_executor.model_loader import get_model_loader
+
+s = socket.socket(); s.bind(("127.0.0.1", 0)); port = s.getsockname()[1]; s.close()
+ps.init_distributed_environment(world_size=1, rank=0, local_rank=0, backend="gloo",
+    distributed_init_method=f"tcp://127.0.0.1:{port}")
+ps.initialize_model_parallel(1)
+out = {}
+for name, path in CASES.items():
+    try:
+        cfg = EngineArgs(model=path, dtype="float32", max_model_len=256,
+                         enforce_eager=True).create_engine_config()
+        with set_current_vllm_config(cfg):
+            get_model_loader(cfg.load_config).load_model(cfg, cfg.model_config)
+        out[name] = {"ok": True}
+    except Exception as exc:
+        out[name] = {"ok": False, "error": f"{type(exc).__name__}: {exc}",
+                     "trace": traceback.format_exc()[-3000:]}
+print("RESULT " + json.dumps(out))
+"""
+
+
+def load_all(tmp: Path, with_guard: bool = True) -> dict[str, Any]:
+    paths = {name: str(write_case(case, tmp / name)) for name, case in CASES.items()}
+    code = SCRIPT.replace("WITH_GUARD", repr(with_guard)).replace(
+        "CASES.items()", f"{paths!r}.items()"
+    )
+    proc = run_python(
+        code,
+        env={"VLLM_KUNLUN_HOST_EMULATION": "1", "VLLM_LOGGING_LEVEL": "WARNING"},
+        timeout=900,
+    )
+    line = next((x for x in proc.stdout.splitlines() if x.startswith("RESULT ")), None)
+    if proc.returncode != 0 or line is None:
+        pytest.fail(f"exit {proc.returncode}\n{proc.stderr[-5000:]}")
+    return dict(json.loads(line[len("RESULT ") :]))
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    return load_all(tmp_path_factory.mktemp("checkpoints"))
+
+
+LOADS = [n for n, c in CASES.items() if not c.expect]
+REFUSED = [n for n, c in CASES.items() if c.expect]
+
+
+@pytest.mark.parametrize("name", LOADS)
+def test_complete_checkpoints_still_load(results: dict[str, Any], name: str) -> None:
+    got = results[name]
+    assert got["ok"], got.get("trace")
+
+
+@pytest.mark.parametrize("name", REFUSED)
+def test_broken_checkpoint_is_refused_naming_it(
+    results: dict[str, Any], name: str
+) -> None:
+    got = results[name]
+    assert not got["ok"], f"{name} loaded"
+    for words in CASES[name].expect:
+        assert words in got["error"], (words, got["error"])
+    # Refused by a check that names the cause, not by an assert deep in vLLM.
+    assert not got["error"].startswith(("AssertionError", "RuntimeError")), got
