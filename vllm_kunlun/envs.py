@@ -84,6 +84,27 @@ def _bounded_float(
     return parse
 
 
+def _optional_count(upper: int) -> Callable[[str, str], int | None]:
+    """A whole number in [1, upper], or empty for the default."""
+
+    def parse(name: str, raw: str) -> int | None:
+        text = raw.strip()
+        if not text:
+            return None
+        try:
+            value = int(text)
+        except ValueError:
+            value = 0
+        if not 1 <= value <= upper:
+            raise EnvVarError(
+                f"{name}={raw!r} must be a whole number from 1 to {upper}; set it to "
+                f"such a number (or unset {name} for its default)"
+            )
+        return value
+
+    return parse
+
+
 def _optional_dir(name: str, raw: str) -> str | None:
     path = raw.strip()
     if path and not os.path.isdir(path):
@@ -96,6 +117,9 @@ def _optional_dir(name: str, raw: str) -> str | None:
 
 # Far above any host this emulation runs on; a larger value is a typo.
 EMULATION_KV_CACHE_GIB_MAX = 1024.0
+# 64 Ki siblings of one request: far above any engine's max_num_seqs; more is a typo
+# that brings back the unbounded fan-out the limit exists for.
+MAX_N_UPPER = 65536
 # 1 MiB: one 16-token block of every attention layer of the deployment log's 27B model
 # (16 layers x 16 tokens x 4 KV heads x 256 x K and V x 2 bytes). Less is no cache
 # worth serving, and a value like 1e-320 rounds to 0 bytes, which vLLM then reports as
@@ -206,6 +230,16 @@ _VARS: dict[str, EnvVar] = {
             "else the copy a wheel ships in vllm_kunlun/_patches).",
             "an existing directory",
         ),
+        EnvVar(
+            "VLLM_KUNLUN_MAX_N",
+            _optional_count(MAX_N_UPPER),
+            None,
+            "The largest `n` (parallel samples) one request may ask for; a larger one "
+            "is answered 400 naming the limit. Default: the engine's --max-num-seqs "
+            "(more siblings than the engine schedules at once only queue, and each is "
+            "a whole request in the API server and the engine core).",
+            f"a whole number in [1, {MAX_N_UPPER}]",
+        ),
     )
 }
 
@@ -290,3 +324,4 @@ if TYPE_CHECKING:  # names for type checkers; values come from __getattr__
     VLLM_KUNLUN_GDN: str
     VLLM_KUNLUN_TP_SAMPLE_BROADCAST: bool
     VLLM_KUNLUN_PATCH_DIR: str | None
+    VLLM_KUNLUN_MAX_N: int | None

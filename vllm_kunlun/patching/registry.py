@@ -174,6 +174,25 @@ REGISTRY: tuple[RuntimePatch, ...] = (
         _FRONT,
         "vLLM checks both bounds of prompt token ids",
     ),
+    RuntimePatch(
+        "engine_request_limits",
+        "vllm_kunlun.guards.request_limits",
+        ("vllm.v1.engine.input_processor.InputProcessor.process_inputs",),
+        "n is unbounded (n=1e9 fans out until the OOM killer ends the engine core), "
+        "NaN / inf temperature passes and samples token 0, an integer beyond int64 "
+        "is a 500 with an empty message",
+        _FRONT,
+        "vLLM bounds n and refuses non-finite or unencodable sampling parameters",
+    ),
+    RuntimePatch(
+        "openai_json_object_body",
+        "vllm_kunlun.guards.request_limits",
+        ("vllm.entrypoints.openai.api_server.build_app",),
+        "a JSON body that is not an object ([1,2,3], null) is a 500 and a dropped "
+        "keep-alive connection",
+        _FRONT + ", where vLLM's API server is imported",
+        "vLLM answers a non-object request body with 400",
+    ),
 )
 
 BY_NAME = {p.name: p for p in REGISTRY}
