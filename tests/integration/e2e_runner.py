@@ -21,7 +21,7 @@ Spec: {"backend": "vllm" | "hf", "model": DIR, "llm": {LLM kwargs},
 A request with "image" carries a small image (multi_modal_data); a job with
 "expect_error" records the error vLLM raises for it instead of failing the run.
 Result: {"jobs": {name: [{"prompt_token_ids", "token_ids", "text",
-         "num_cached_tokens", "logprobs"}] or [{"error": str | None}]},
+         "num_cached_tokens", "logprobs", "top_logprobs"}] or [{"error": str | None}]},
          "hf": {name: [...]}, "hf_also": {name: [...]}, "post": ...,
          "exponential_calls": [stack], "serving": [...],
          "ranks": [RankProbe records, one per rank], "error": str | None}
@@ -143,6 +143,7 @@ def run_vllm(spec: dict[str, Any]) -> dict[str, Any]:
                     "text": o.outputs[0].text,
                     "num_cached_tokens": int(o.num_cached_tokens or 0),
                     "logprobs": chosen_logprobs(o.outputs[0]),
+                    "top_logprobs": top_logprobs(o.outputs[0]),
                 }
                 for o in outputs
             ]
@@ -173,6 +174,18 @@ def chosen_logprobs(completion: Any) -> list[float] | None:
     return [
         float(step[tok].logprob)
         for tok, step in zip(completion.token_ids, completion.logprobs, strict=True)
+    ]
+
+
+def top_logprobs(completion: Any) -> list[list[list[float]]] | None:
+    """Per generated token, ``[token id, logprob, rank]`` of every token vLLM returned
+    for it: the ``logprobs`` most likely of the model's raw distribution and the
+    sampled token (rank 1 is the most likely)."""
+    if not completion.logprobs:
+        return None
+    return [
+        [[tok, float(lp.logprob), int(lp.rank)] for tok, lp in step.items()]
+        for step in completion.logprobs
     ]
 
 

@@ -3,9 +3,11 @@
 ``VLLM_KUNLUN_EMULATION_VENDOR=1`` with tests/fakes on the path: vLLM 0.15.1's engine
 runs the Kunlun attention backend, the CustomOps replaced for the vendor kernels and
 the vendor sampler, all calling the fake ``kunlun_ops`` (plain-torch kernels with the
-observed semantics). The fakes append every call to a file (``FAKE_KUNLUN_OPS_RECORD``),
-so calls made in engine processes the test did not start are seen too. The reference
-is transformers' greedy decoding of the tiny Qwen3.
+observed semantics; the sampling fake draws with flashinfer's semantics). The fakes
+append every call to a file (``FAKE_KUNLUN_OPS_RECORD``), so calls made in engine
+processes the test did not start are seen too. The reference is transformers' greedy
+decoding of the tiny Qwen3; for unseeded top-k sampling, vLLM's own logprobs of the
+model's distribution (every draw in its top k, ranks by Pearson's chi-square).
 """
 
 from __future__ import annotations
@@ -15,7 +17,9 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
+from scipy import stats
 
 from tests.integration.test_e2e_emulation import (
     BLOCK_SIZE,
@@ -31,6 +35,7 @@ from tests.integration.test_e2e_emulation import (
     run_demo_cli,
     run_spec,
 )
+from tests.unit.sampler_reference import ALPHA
 from vllm_kunlun.demo.run import DEFAULT_PROMPTS
 from vllm_kunlun.demo.tiny_model import TinyQwen3Spec, write_tiny_model
 
@@ -44,10 +49,24 @@ LAYERS = TinyQwen3Spec().num_hidden_layers
 NORMS = 4 * LAYERS + 1
 ATTENTION_KERNELS = {"reshape_and_cache_flash", "paged_attention", "prefill_attention"}
 NORM_KERNELS = {"rmsnorm", "add_rmsnorm"}
-SAMPLED = {
+SAMPLED = {  # seeded: the portable kernel (the vendor's takes no per-row generator)
     "name": "sampled",
     "requests": [req("one two three", 8, temperature=0.8, top_k=5, seed=3)],
 }
+SEEDED_TOP_K = 5
+# Unseeded, temperature 1, top-k K, with the model's top-K logprobs: the vendor kernel.
+# One prompt for all: greedy decoding would give eight equal continuations. The prompts
+# (8 x 3 tokens) fit one step's token budget, so no partial prefill's draw is discarded.
+K = 4
+TOP_K_TOKENS = 32
+TOP_K_JOB = {
+    "name": "top_k",
+    "requests": [
+        req("one two three", TOP_K_TOKENS, temperature=1.0, top_k=K, logprobs=K)
+        for _ in range(8)
+    ],
+}
+VENDOR_SAMPLER = "top_k_top_p_sampling_from_probs"
 DEMO_JOB = {"name": "demo", "requests": [req(p, DEMO_TOKENS) for p in DEFAULT_PROMPTS]}
 
 
@@ -62,15 +81,16 @@ def work(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def run(work: Path) -> dict:
-    """One in-process engine: greedy (chunked prefill, prefix-cache hits) and a sampled
-    request; then transformers' greedy reference in the same interpreter."""
+    """One in-process engine: greedy (chunked prefill, prefix-cache hits), a seeded and
+    eight unseeded sampled requests; then transformers' greedy reference in the same
+    interpreter."""
     records = work / "calls.jsonl"
     spec = {
         "backend": "vllm",
         "model": str(write_tiny_model(work / "tiny-qwen3")),
         "llm": LLM_ARGS,
         "guard_exponential": True,
-        "jobs": [*GREEDY_JOBS, SAMPLED],
+        "jobs": [*GREEDY_JOBS, SAMPLED, TOP_K_JOB],
         "hf_jobs": [*GREEDY_JOBS, DEMO_JOB],
     }
     result = run_spec(spec, work, "vendor", env={**VENDOR, RECORD_ENV: str(records)})
@@ -157,9 +177,50 @@ def test_serving_report_matches_the_kernel_records(run: dict) -> None:
     assert status["attention"]["modules"] == LAYERS
 
 
-def test_sampled_request_ran(run: dict) -> None:
-    (row,) = run["jobs"]["sampled"]
-    assert len(row["token_ids"]) == 8
+def test_unseeded_draws_are_the_vendor_kernels_and_seeded_ones_are_not(
+    run: dict,
+) -> None:
+    """Every token of the unseeded top-k requests is a draw the vendor kernel returned
+    (read back from the engine process's records), made with their top_k; the seeded
+    request never reached the kernel."""
+    (seeded,) = run["jobs"]["sampled"]
+    assert len(seeded["token_ids"]) == 8
+    sampler_calls = [c for c in run["calls"] if c["name"] == VENDOR_SAMPLER]
+    assert {c["pid"] for c in sampler_calls} == {run["serving"][0]["pid"]}
+    assert all(c["args"]["probs"]["dtype"] == "float32" for c in sampler_calls)
+    assert not any(SEEDED_TOP_K in c["args"]["top_k"]["values"] for c in sampler_calls)
+    top_k_calls = [
+        c for c in sampler_calls if c["args"]["top_k"]["values"] == [K] * len(c["out"])
+    ]
+    drawn = Counter(t for c in top_k_calls for t in c["out"])
+    emitted = Counter(t for row in run["jobs"]["top_k"] for t in row["token_ids"])
+    assert emitted.total() == len(TOP_K_JOB["requests"]) * TOP_K_TOKENS
+    assert drawn == emitted
+
+
+def test_unseeded_top_k_draws_follow_the_models_distribution(run: dict) -> None:
+    """Temperature 1, top-k K: each token in the top K of the model's distribution (as
+    vLLM's raw logprobs rank it), not always the first (eight different continuations
+    of one prompt), and the ranks drawn as often as the renormalised top-K
+    probabilities say: Pearson's chi-square over the K ranks, expected counts summed
+    over the steps (fails at p < ALPHA; the engine's seed fixes the draws)."""
+    rows = run["jobs"]["top_k"]
+    assert len({tuple(r["token_ids"]) for r in rows}) == len(rows)
+    counts = np.zeros(K)
+    expected = np.zeros(K)
+    for row in rows:
+        for token, step in zip(row["token_ids"], row["top_logprobs"], strict=True):
+            rank = {t: r for t, _, r in step}[token]
+            assert 1 <= rank <= K, (token, step)
+            top = sorted((lp for _, lp, r in step if r <= K), reverse=True)
+            assert len(top) == K, step
+            q = np.exp(np.array(top) - top[0])
+            expected += q / q.sum()
+            counts[rank - 1] += 1
+    assert counts.sum() == len(rows) * TOP_K_TOKENS
+    assert (expected >= 5).all(), expected  # the chi-square approximation holds
+    pvalue = stats.chisquare(counts, expected).pvalue
+    assert pvalue > ALPHA, (counts, expected, pvalue)
 
 
 def test_demo_reports_the_kunlun_backend_and_vendor_kernels(

@@ -1,7 +1,8 @@
 """The sampling kernel seam (vllm_kunlun/ops/sampling.py) and its vendor call.
 
 The vendor path runs against tests/fakes/kunlun_ops, which has flashinfer's sampling
-signatures, checks its inputs like the real kernel and records each call.
+signatures, checks its inputs like the real kernel, samples with flashinfer's semantics
+and records each call with its output.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from typing import Any
 import pytest
 import torch
 
+from tests.unit.sampler_reference import ALPHA, chi_square_pvalue, reference
 from vllm_kunlun.ops import sampling
 from vllm_kunlun.ops.contract import VENDOR_CONTRACT
 
@@ -170,7 +172,9 @@ def test_unfiltered_batch_calls_the_kernel_with_fill_in_values(
     calls = _spy(fake_ops, monkeypatch)
     monkeypatch.setenv("VLLM_KUNLUN_SAMPLER", "vendor")
     kernels = sampling.select_kernels(CPU)
-    wide = torch.randn(4, 2 * 50)
+    # Flat logits: a greedy answer (argmax) matches the kernel's draw in all four rows
+    # with probability ~(1/50)^4, so passing the draw on is what is tested below.
+    wide = torch.randn(4, 2 * 50, generator=torch.Generator().manual_seed(5)) * 0.1
     logits = wide[:, ::2]  # non-contiguous, as vLLM's logits can be
     tokens = kernels.sample_logits(logits, None, None)
     assert len(calls) == 1 and len(fake_ops.CALLS) == 1
@@ -189,7 +193,7 @@ def test_unfiltered_batch_calls_the_kernel_with_fill_in_values(
     assert call.tensors["top_p"].tolist() == [1.0] * 4
     assert call.scalars["deterministic"] is True
     assert call.scalars["filter_apply_order"] == "top_k_first"  # the default
-    assert torch.equal(tokens, logits.argmax(-1).to(torch.int32))  # the kernel's output
+    assert torch.equal(tokens, call.out)  # the kernel's draw, not a greedy answer
 
 
 def test_filters_reach_the_kernel_as_int32_and_float32(
@@ -232,3 +236,24 @@ def test_every_vendor_call_is_declared_in_the_contract() -> None:
     declared = VENDOR_CONTRACT["kunlun_ops"]
     assert sampling.VENDOR_MODULE == "kunlun_ops"
     assert declared[sampling.VENDOR_FUNCTION] == ("top_k", "top_p", "deterministic")
+
+
+@pytest.mark.parametrize(("k", "p"), [(5, None), (None, 0.6), (8, 0.7)])
+def test_vendor_path_draws_follow_the_filtered_distribution(
+    fake_ops: Any, monkeypatch: pytest.MonkeyPatch, k: int | None, p: float | None
+) -> None:
+    """Through the fake (flashinfer's semantics: it really samples), the seam's tokens
+    are the kernel's draws from top-k / top-p of softmax(logits): none outside the kept
+    set, frequencies by Pearson's chi-square (fixed seeds, fails at p < ALPHA)."""
+    monkeypatch.setenv("VLLM_KUNLUN_SAMPLER", "vendor")
+    kernels = sampling.select_kernels(CPU)
+    n = 4000
+    # Kept sets of 5, 7 and 4 tokens (top mass 0.27: no filter keeps only the mode).
+    row = torch.randn(40, generator=torch.Generator().manual_seed(11))
+    top_k = None if k is None else torch.full((n,), k)
+    top_p = None if p is None else torch.full((n,), p)
+    torch.manual_seed(12)  # the fake draws with the global RNG
+    tokens = kernels.sample_logits(row.expand(n, -1), top_k, top_p)
+    (call,) = fake_ops.CALLS
+    assert torch.equal(tokens, call.out)
+    assert chi_square_pvalue(tokens.long().numpy(), reference(row, k, p)) > ALPHA

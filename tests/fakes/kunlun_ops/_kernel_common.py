@@ -50,10 +50,15 @@ def describe(value: Any) -> Any:
 def record(name: str, **args: Any) -> None:
     call = KernelCall(name, {k: describe(v) for k, v in args.items()}, os.getpid())
     sys.modules["kunlun_ops"].CALLS.append(call)
+    write_record(asdict(call))
+
+
+def write_record(entry: dict[str, Any]) -> None:
+    """Append ``entry`` as one JSON line to the file ``FAKE_KUNLUN_OPS_RECORD`` names."""
     path = os.environ.get(RECORD_ENV)
     if path:
         with open(path, "a") as f:
-            f.write(json.dumps(asdict(call)) + "\n")
+            f.write(json.dumps(entry) + "\n")
 
 
 def fail(kernel: str, what: str) -> None:
