@@ -1,6 +1,7 @@
 """A checkpoint loads whole or not at all, through vLLM 0.15.1's real loader.
 
-One fresh interpreter under host emulation prepares itself as the plugin's workers do
+One fresh interpreter under host emulation (and two, as the ranks of a tensor-parallel
+group of 2: the split dimensions) prepares itself as the plugin's workers do
 (``prepare_model_process(loads_weights=True)``), then, per case of
 ``checkpoint_mutations.CASES``, builds vLLM's engine config from the checkpoint
 (``EngineArgs.create_engine_config``: the platform's quantization checks) and loads
@@ -14,18 +15,21 @@ be refused naming the tensor, the parameter and the shapes (or what is missing).
 from __future__ import annotations
 
 import json
+import socket
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.conftest import run_python
+from tests.conftest import REPO, child_env
 from tests.integration.checkpoint_mutations import CASES, write_case
 
 pytestmark = pytest.mark.slow
 
 SCRIPT = r"""
-import json, socket, sys, traceback
+import json, sys, traceback
 from vllm.platforms import current_platform
 assert type(current_platform).__name__ == "KunlunHostEmulationPlatform"
 from vllm_kunlun.platforms.runtime_fixes import prepare_model_process
@@ -35,15 +39,15 @@ from vllm.distributed import parallel_state as ps
 from vllm.engine.arg_utils import EngineArgs
 from vllm.model_executor.model_loader import get_model_loader
 
-s = socket.socket(); s.bind(("127.0.0.1", 0)); port = s.getsockname()[1]; s.close()
-ps.init_distributed_environment(world_size=1, rank=0, local_rank=0, backend="gloo",
-    distributed_init_method=f"tcp://127.0.0.1:{port}")
-ps.initialize_model_parallel(1)
+ps.init_distributed_environment(world_size=WORLD, rank=RANK, local_rank=RANK,
+    backend="gloo", distributed_init_method="tcp://127.0.0.1:PORT")
+ps.initialize_model_parallel(WORLD)
 out = {}
 for name, path in CASES.items():
     try:
         cfg = EngineArgs(model=path, dtype="float32", max_model_len=256,
-                         enforce_eager=True).create_engine_config()
+                         enforce_eager=True,
+                         tensor_parallel_size=WORLD).create_engine_config()
         with set_current_vllm_config(cfg):
             get_model_loader(cfg.load_config).load_model(cfg, cfg.model_config)
         out[name] = {"ok": True}
@@ -54,25 +58,63 @@ print("RESULT " + json.dumps(out))
 """
 
 
-def load_all(tmp: Path, with_guard: bool = True) -> dict[str, Any]:
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def load_all(tmp: Path, with_guard: bool = True, world: int = 1) -> dict[str, Any]:
+    """Every case loaded by ``world`` ranks (one interpreter each); rank 0's results,
+    after checking that every rank came to the same verdict."""
     paths = {name: str(write_case(case, tmp / name)) for name, case in CASES.items()}
-    code = SCRIPT.replace("WITH_GUARD", repr(with_guard)).replace(
-        "CASES.items()", f"{paths!r}.items()"
-    )
-    proc = run_python(
-        code,
-        env={"VLLM_KUNLUN_HOST_EMULATION": "1", "VLLM_LOGGING_LEVEL": "WARNING"},
-        timeout=900,
-    )
-    line = next((x for x in proc.stdout.splitlines() if x.startswith("RESULT ")), None)
-    if proc.returncode != 0 or line is None:
-        pytest.fail(f"exit {proc.returncode}\n{proc.stderr[-5000:]}")
-    return dict(json.loads(line[len("RESULT ") :]))
+    port = _free_port()
+    procs = []
+    for rank in range(world):
+        code = (
+            SCRIPT.replace("WITH_GUARD", repr(with_guard))
+            .replace("CASES.items()", f"{paths!r}.items()")
+            .replace("WORLD", str(world))
+            .replace("RANK", str(rank))
+            .replace("PORT", str(port))
+        )
+        procs.append(
+            subprocess.Popen(
+                [sys.executable, "-c", code],
+                env=child_env(
+                    {"VLLM_KUNLUN_HOST_EMULATION": "1", "VLLM_LOGGING_LEVEL": "WARNING"}
+                ),
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+                cwd=REPO,
+            )
+        )
+    ranks = []
+    try:
+        for rank, proc in enumerate(procs):
+            out, err = proc.communicate(timeout=1200)
+            line = next((x for x in out.splitlines() if x.startswith("RESULT ")), None)
+            if proc.returncode != 0 or line is None:
+                pytest.fail(f"rank {rank}: exit {proc.returncode}\n{err[-5000:]}")
+            ranks.append(json.loads(line[len("RESULT ") :]))
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+    verdicts = [{n: r["ok"] for n, r in got.items()} for got in ranks]
+    assert all(v == verdicts[0] for v in verdicts), verdicts
+    return dict(ranks[0])
 
 
 @pytest.fixture(scope="module")
 def results(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     return load_all(tmp_path_factory.mktemp("checkpoints"))
+
+
+@pytest.fixture(scope="module")
+def results_tp2(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    return load_all(tmp_path_factory.mktemp("checkpoints-tp2"), world=2)
 
 
 LOADS = [n for n, c in CASES.items() if not c.expect]
@@ -95,3 +137,23 @@ def test_broken_checkpoint_is_refused_naming_it(
         assert words in got["error"], (words, got["error"])
     # Refused by a check that names the cause, not by an assert deep in vLLM.
     assert not got["error"].startswith(("AssertionError", "RuntimeError")), got
+
+
+@pytest.mark.parametrize("name", LOADS)
+def test_complete_checkpoints_load_split_over_two_ranks(
+    results_tp2: dict[str, Any], name: str
+) -> None:
+    got = results_tp2[name]
+    assert got["ok"], got.get("trace")
+
+
+@pytest.mark.parametrize("name", REFUSED)
+def test_broken_checkpoint_is_refused_on_every_rank(
+    results_tp2: dict[str, Any], name: str
+) -> None:
+    """Each rank loads half a split dimension: the oversize tensor would be cut on
+    both, the undersize one cut short on the last."""
+    got = results_tp2[name]
+    assert not got["ok"], f"{name} loaded at TP 2"
+    for words in CASES[name].expect:
+        assert words in got["error"], (words, got["error"])
