@@ -128,6 +128,10 @@ ATTEMPT_S = 120
 RANGES_CODE = f"""
 import json, os, signal, sys, time
 from vllm import LLM
+from vllm.platforms import current_platform
+import vllm.v1.engine.llm_engine  # what LLM() imports lazily, so attempts time the guard
+
+current_platform.device_type  # resolves the platform (plugins load) before timing
 
 class NotRefused(Exception):
     pass
@@ -199,5 +203,8 @@ def test_absurd_dimensions_are_refused_before_the_model_is_built(
         assert f"config.json: {field} = {value} is out of range {bound}" in msg
         assert str(tmp_path / name) in msg  # which model
         assert "Fix: fix the model's config.json" in msg
-        assert seconds < 60, (name, seconds)  # the config stage, not a model build
+        # The config stage, not a model build: the first attempt also pays for
+        # transformers' config imports (20-45 s on a loaded 2-core host), the others
+        # only for vLLM's config objects and the guard.
+        assert seconds < (60 if name == "layers" else 10), (name, seconds)
     assert "Initializing a V1 LLM engine" not in output  # no engine core started
