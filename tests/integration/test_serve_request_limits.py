@@ -123,7 +123,7 @@ def test_n_above_max_num_seqs_is_refused_and_a_billion_too(
     assert_still_serving(server, client)
 
 
-BAD_NUMBERS = {
+BAD_NUMBERS: dict[str, tuple[dict[str, Any], str, str]] = {
     "temperature NaN": ({"temperature": math.nan}, "temperature", "not a finite"),
     "temperature inf": ({"temperature": math.inf}, "temperature", "not a finite"),
     "repetition_penalty NaN": (
