@@ -81,7 +81,7 @@ def register_runtime_fixes() -> None:
 
         if active_plugin_platform() is None:
             return
-        from vllm_kunlun.guards import request_limits, token_ids
+        from vllm_kunlun.guards import request_limits, shutdown, token_ids
         from vllm_kunlun.guards.model_path import install as install_guards
         from vllm_kunlun.platforms.runtime_fixes import prepare_model_process
 
@@ -91,6 +91,7 @@ def register_runtime_fixes() -> None:
         # imported here, which the platform's __init__ cannot rely on.
         install_guards()
         token_ids.install()
+        shutdown.install()  # only where vLLM's OpenAI server runs
         request_limits.install()  # the API server is imported by now (vllm serve)
     except Exception:
         logger.exception("vllm-kunlun: applying runtime fixes failed")

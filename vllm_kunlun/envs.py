@@ -115,6 +115,8 @@ def _optional_dir(name: str, raw: str) -> str | None:
     return path or None
 
 
+# Ten minutes: longer than any engine takes to stop; a larger value is a typo.
+SHUTDOWN_TIMEOUT_MAX = 600.0
 # Far above any host this emulation runs on; a larger value is a typo.
 EMULATION_KV_CACHE_GIB_MAX = 1024.0
 # 64 Ki siblings of one request: far above any engine's max_num_seqs; more is a typo
@@ -222,6 +224,19 @@ _VARS: dict[str, EnvVar] = {
             "1/0",
         ),
         EnvVar(
+            "VLLM_KUNLUN_SHUTDOWN_TIMEOUT",
+            _bounded_float(
+                SHUTDOWN_TIMEOUT_MAX, 1.0, "the engine core needs about 1 s"
+            ),
+            10.0,
+            "Seconds `vllm serve` takes at most to exit after SIGINT / SIGTERM: "
+            "in-flight requests fail at once with an error naming the shutdown, open "
+            "connections get a fifth of it to read theirs, and whatever process of "
+            "the server is still alive at the end is killed (a second Ctrl-C kills "
+            "it at once).",
+            f"a number in [1, {SHUTDOWN_TIMEOUT_MAX:g}]",
+        ),
+        EnvVar(
             "VLLM_KUNLUN_PATCH_DIR",
             _optional_dir,
             None,
@@ -314,6 +329,7 @@ def __dir__() -> list[str]:
 
 if TYPE_CHECKING:  # names for type checkers; values come from __getattr__
     VLLM_KUNLUN_FORCE_PLATFORM: bool
+    VLLM_KUNLUN_SHUTDOWN_TIMEOUT: float
     VLLM_KUNLUN_HOST_EMULATION: bool
     VLLM_KUNLUN_EMULATION_VENDOR: bool
     VLLM_KUNLUN_EMULATION_KV_CACHE_GIB: float

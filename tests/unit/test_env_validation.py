@@ -39,6 +39,7 @@ MALFORMED: dict[str, list[str]] = {
     "VLLM_KUNLUN_TP_SAMPLE_BROADCAST": ["2", "always"],
     "VLLM_KUNLUN_PATCH_DIR": ["/no/such/patch/set"],
     "VLLM_KUNLUN_MAX_N": ["0", "-3", "1.5", "lots", "1e9", "65537"],
+    "VLLM_KUNLUN_SHUTDOWN_TIMEOUT": ["0", "0.5", "-1", "inf", "nan", "601", "soon"],
 }
 CASES = [(name, raw) for name, values in MALFORMED.items() for raw in values]
 
@@ -71,6 +72,7 @@ def test_platform_start_refuses_each_malformed_value(
         "VLLM_KUNLUN_EMULATION_KV_CACHE_GIB": "positive number no larger than 1024",
         "VLLM_KUNLUN_PATCH_DIR": "existing directory",
         "VLLM_KUNLUN_MAX_N": "whole number from 1 to 65536",
+        "VLLM_KUNLUN_SHUTDOWN_TIMEOUT": "positive number no larger than 600",
     }.get(name, "1/0, true/false")
     assert accepted_words in message
 

@@ -193,6 +193,17 @@ REGISTRY: tuple[RuntimePatch, ...] = (
         _FRONT + ", where vLLM's API server is imported",
         "vLLM answers a non-object request body with 400",
     ),
+    RuntimePatch(
+        "serve_shutdown_bound",
+        "vllm_kunlun.guards.shutdown",
+        ("vllm.entrypoints.openai.api_server.serve_http",),
+        "on SIGINT / SIGTERM in-flight requests wait forever on the stopped engine and "
+        "uvicorn waits for their clients to give up (minutes); a second Ctrl-C does "
+        "nothing",
+        "the platform and the general plugin, in the processes that parse arguments, "
+        "where vLLM's API server is imported",
+        "vLLM fails in-flight requests on shutdown and bounds its graceful wait",
+    ),
 )
 
 BY_NAME = {p.name: p for p in REGISTRY}

@@ -105,12 +105,13 @@ class KunlunPlatformBase(Platform):
     ) -> None:
         # Called before vLLM reads --model (CLI parser, top of create_engine_config):
         # the model-path guard must be in place by then (see vllm_kunlun/guards/model_path.py).
-        from vllm_kunlun.guards import request_limits, token_ids
+        from vllm_kunlun.guards import request_limits, shutdown, token_ids
         from vllm_kunlun.guards.model_path import install
         from vllm_kunlun.models import register_models
 
         install()
         token_ids.install()
+        shutdown.install()
         request_limits.install()
         # ModelConfig resolves the architecture right after this hook.
         register_models()
