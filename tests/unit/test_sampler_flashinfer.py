@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 import torch
 from scipy import stats
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from tests.unit.sampler_reference import (
     ALPHA,
@@ -581,6 +582,107 @@ def test_indices_draw_from_the_row_without_copying_it(
     assert seen == [(1, vocab)]
     p64 = probs[0].double().numpy()
     _fits(samples, _renormed(p64, kept_mask(p64, 1000, float(np.float32(0.9)))))
+
+
+class _Shapes(TorchDispatchMode):
+    """Records the shape of every tensor an op returns."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.shapes: list[tuple[int, ...]] = []
+
+    def __torch_dispatch__(
+        self, func: Any, types: Any, args: Any = (), kwargs: Any = None
+    ) -> Any:
+        out = func(*args, **(kwargs or {}))
+        for t in out if isinstance(out, (tuple, list)) else [out]:
+            if isinstance(t, torch.Tensor):
+                self.shapes.append(tuple(t.shape))
+        return out
+
+
+def _per_draw_call(kind: str, probs: torch.Tensor, n: int) -> torch.Tensor:
+    rows = torch.zeros(n, dtype=torch.int64)
+    if kind == "top_k_top_p":
+        k, p = torch.full((n,), 1000), torch.full((n,), 0.9)
+        return fi.top_k_top_p_sampling_from_probs(probs, k, p, indices=rows)
+    if kind == "top_p":
+        return fi.top_p_sampling_from_probs(probs, torch.full((n,), 0.9), indices=rows)
+    return fi.min_p_sampling_from_probs(probs, torch.full((n,), 0.1), indices=rows)
+
+
+@pytest.mark.parametrize("kind", ["top_k_top_p", "top_p", "min_p"])
+def test_indices_with_per_draw_filters_copy_no_row_per_draw(kind: str) -> None:
+    """20000 draws with their own filter tensors from one 32K row: no intermediate
+    holds more rows of the vocabulary than the input has (gathering the row per draw
+    made (draws, vocab) copies, 2.4 GiB in all), and the draws fit the row."""
+    vocab = 32768
+    probs = torch.randn(1, vocab, generator=torch.Generator().manual_seed(46))
+    probs = probs.softmax(-1)
+    seen = _Shapes()
+    with seen:
+        samples = _per_draw_call(kind, probs, N)
+    wide = [s for s in seen.shapes if len(s) == 2 and s[1] >= vocab and s[0] > 1]
+    assert wide == []
+    assert samples.shape == (N,)
+    row = probs[0].numpy()
+    p64 = row.astype(np.float64)
+    if kind == "min_p":
+        keep = row >= np.float32(0.1) * row.max()
+    else:
+        k = 1000 if kind == "top_k_top_p" else None
+        keep = kept_mask(p64, k, float(np.float32(0.9)))
+    _fits(samples[:N_BINNED], _renormed(p64, keep))
+
+
+@pytest.mark.parametrize("order", ["top_k_first", "joint"])
+@pytest.mark.parametrize("from_logits", [False, True])
+def test_indices_with_per_draw_filters_fit_their_rows(
+    order: str, from_logits: bool
+) -> None:
+    """Draws from three rows, each draw with one of five (top_k, top_p): every group
+    (row, filter) fits its row's filtered distribution, in the order of ``indices``."""
+    g = torch.Generator().manual_seed(47)
+    vocab = 111
+    logits = torch.randn(3, vocab, generator=g) * 2
+    probs = logits.softmax(-1)
+    filters = [(vocab, 1.0), (50, 0.9), (vocab, 0.5), (10, 0.3), (vocab, 0.0)]
+    rows = torch.randint(0, 3, (N,), generator=g)
+    which = torch.randint(0, len(filters), (N,), generator=g)
+    k = torch.tensor([f[0] for f in filters])[which]
+    p = torch.tensor([f[1] for f in filters])[which]
+    if from_logits:
+        out = fi.top_k_top_p_sampling_from_logits(
+            logits, k, p, indices=rows, filter_apply_order=order
+        )
+    else:
+        out = fi.top_k_top_p_sampling_from_probs(
+            probs, k, p, indices=rows, filter_apply_order=order
+        )
+    samples = out.long().numpy()
+    for r in range(3):
+        p64 = probs64(logits[r])
+        for f, (kk, pp) in enumerate(filters):
+            group = ((rows == r) & (which == f)).numpy()
+            keep = kept_mask(p64, kk, float(np.float32(pp)), joint=order == "joint")
+            expected = _renormed(p64, keep)
+            assert chi_square_pvalue(samples[group], expected) > ALPHA, (r, kk, pp)
+
+
+def test_indices_with_per_draw_min_p_fit_their_rows() -> None:
+    g = torch.Generator().manual_seed(48)
+    probs = (torch.randn(2, 111, generator=g) * 2).softmax(-1)
+    rows = torch.randint(0, 2, (N,), generator=g)
+    scales = torch.tensor([0.0, 0.1, 0.5])
+    which = torch.randint(0, 3, (N,), generator=g)
+    samples = fi.min_p_sampling_from_probs(probs, scales[which], indices=rows)
+    for r in range(2):
+        row = probs[r].numpy()
+        for m in range(3):
+            group = ((rows == r) & (which == m)).numpy()
+            keep = row >= np.float32(scales[m]) * row.max()
+            expected = _renormed(row.astype(np.float64), keep)
+            assert chi_square_pvalue(samples.long().numpy()[group], expected) > ALPHA
 
 
 def test_seed_and_offset_make_draws_reproducible_without_the_generator() -> None:

@@ -36,6 +36,7 @@ import torch
 from vllm_kunlun.ops import sampling_draw as draw_ops
 from vllm_kunlun.ops import sampling_rng as rng
 from vllm_kunlun.ops import sampling_select as select
+from vllm_kunlun.ops import sampling_shared as shared
 from vllm_kunlun.ops.sampling_draw import BLOCK, block_sums
 from vllm_kunlun.ops.sampling_select import (
     CANDIDATES,
@@ -79,10 +80,6 @@ __all__ = [
 # Uniforms per row the callers draw: the draw, two rejection rounds (deferred top-p on
 # the CPU), and the exact fallback after them.
 DRAWS = 4
-# Elements of gathered rows processed at once when every draw has its own filter and
-# several draws share a row (flashinfer's ``indices``): bounds the memory, not the work.
-GATHER_ELEMENTS = 1 << 23
-
 _FILTER_ORDERS = ("top_k_first", "joint")
 
 
@@ -177,11 +174,23 @@ def mask_logits(
 ) -> torch.Tensor:
     """Set the logits of tokens outside top-k / top-p to -inf, in place; returns them.
 
-    The same kept set as ``sample`` (vLLM's ``apply_top_k_top_p``), without sorting; a
-    ``top_k`` / ``top_p`` tensor of a single value applies to every row.
+    vLLM's ``apply_top_k_top_p`` without sorting; a ``top_k`` / ``top_p`` tensor of a
+    single value applies to every row. The kept set is ``sample``'s, except at a tie
+    on the top-p boundary: ``sample`` keeps the whole tie group (FlashInfer's rule),
+    this keeps vLLM's count of tokens, the lowest-indexed ties first
+    (``sampling_select.cut_boundary_ties``).
     """
     work = _as_float_matrix(logits, "logits")  # the tensor itself when float32
-    masked = _filter(work, top_k, top_p, scores_are_logits=True, fill=float("-inf"))
+    batch = work.shape[0]
+    p = normalize_top_p(top_p, batch, work.device)
+    if p is None or batch == 0 or not select.maybe_any(p < 1):
+        masked = _filter(work, top_k, None, scores_are_logits=True, fill=float("-inf"))
+    else:
+        # Top-k first (vLLM keeps its ties), then top-p relative to what is left.
+        masked = _filter(work, top_k, None, scores_are_logits=True, fill=float("-inf"))
+        log_mass = torch.logsumexp(masked, dim=-1)
+        masked = _filter(masked, None, p, scores_are_logits=True, fill=float("-inf"))
+        masked = select.cut_boundary_ties(masked, p, log_mass)
     if masked is not logits:
         logits.copy_(masked)
     return logits
@@ -254,23 +263,10 @@ def _sample_api(
             scores, k_row, p_row, u, scores_are_logits=logits, joint=joint, rows=rows
         )
     else:
-        # Each draw has its own filter: gather rows in bounded chunks.
-        step = max(1, GATHER_ELEMENTS // vocab)
-        parts = []
-        for start in range(0, draws, step):
-            end = min(draws, start + step)
-            parts.append(
-                sample(
-                    scores[rows[start:end]],
-                    None if k is None else k[start:end],
-                    None if p is None else p[start:end],
-                    u[start:end],
-                    scores_are_logits=logits,
-                    inplace=True,  # the gathered rows are a copy
-                    joint=joint,
-                )
-            )
-        tokens = torch.cat(parts)
+        # Each draw has its own filter: sort every row once, search per draw (no copy
+        # of a row per draw).
+        weights = select.probabilities(scores, scores_are_logits=logits)
+        tokens = shared.sample_shared(weights, rows, u[:, 0], k=k, p=p, joint=joint)
     return tokens.to(out_dtype)
 
 
@@ -415,9 +411,10 @@ def min_p_sampling_from_probs(
     if draws == 0:
         return torch.empty(0, dtype=out_dtype, device=probs.device)
     if rows is not None and isinstance(min_p, torch.Tensor):
-        # One threshold per draw: gather the rows (flashinfer reads one row per draw).
-        probs, rows = probs[rows], None
-    elif rows is not None:
+        # One threshold per draw: sorted rows, searched per draw (no copy per draw).
+        tokens = shared.sample_shared(probs, rows, u[:, 0], min_p=scale)
+        return tokens.to(out_dtype)
+    if rows is not None:
         scale = scale[:1].expand(probs.shape[0])
     threshold = scale * probs.amax(dim=-1)
     tokens = draw_ops.draw(probs, u[:, 0], threshold=threshold, rows=rows)

@@ -470,3 +470,50 @@ def plan_filter(
         top_p=None if deferred is None else p,
         scratch=scratch,
     )
+
+
+# ---- vLLM's top-p count at a tie -----------------------------------------------------
+
+
+def cut_boundary_ties(
+    logits: torch.Tensor, p: torch.Tensor, log_mass: torch.Tensor
+) -> torch.Tensor:
+    """Keep only as many boundary ties as vLLM's ``apply_top_k_top_p`` keeps, in place.
+
+    Why: ``logits`` come masked by the threshold rule (every token tied with the
+    lowest kept logit is kept, as FlashInfer's kernels do). vLLM's sort-based top-p
+    instead walks the sorted row and stops at the first token whose predecessors reach
+    ``p``: of a tie group straddling the boundary it keeps only the first tokens its
+    (unstable) sort happens to put there. The count is what vLLM determines, so it is
+    kept here; the tokens kept are the lowest-indexed of the group.
+
+    ``log_mass`` (B,): logsumexp of the row after top-k, before top-p (the mass top-p
+    is relative to); ``p`` (B,) float32, >= 1 meaning no top-p. No host read on an
+    accelerator; on the host only rows with a tie at their boundary are touched.
+    """
+    lowest = torch.where(logits > float("-inf"), logits, float("inf")).amin(-1)
+    tie = logits == lowest.unsqueeze(1)
+    ties = tie.sum(-1)
+    rows: torch.Tensor | None = None
+    if on_host(logits):
+        wanted = (p < 1) & (ties > 1)
+        if not bool(wanted.any()):
+            return logits
+        rows = wanted.nonzero().squeeze(1)
+        x, tie, ties = logits[rows], tie[rows], ties[rows]
+        lowest, p, log_mass = lowest[rows], p[rows], log_mass[rows]
+    else:
+        x = logits
+    lm = log_mass.unsqueeze(1)
+    # Mass strictly above the boundary and one tied token's mass, both relative to the
+    # top-k mass; the j-th tie (0-based) is kept while above + j * tied < p.
+    above = torch.where(x > lowest.unsqueeze(1), (x - lm).exp(), 0.0).sum(-1)
+    tied = (lowest - log_mass).exp()
+    need = (p.double() - above.double()) / tied.double()
+    count = torch.minimum(need.ceil().clamp(min=1), ties.double())
+    count = torch.where(torch.isfinite(need) & (p < 1), count, ties.double()).long()
+    drop = tie & (tie.cumsum(-1) > count.unsqueeze(1))
+    if rows is None:
+        return logits.masked_fill_(drop, float("-inf"))
+    logits[rows] = x.masked_fill_(drop, float("-inf"))
+    return logits
