@@ -16,12 +16,14 @@ a graceful-shutdown timeout, and when ``serve_http`` returns (the server stops) 
 (1) fails every request still in the front end's output processor with
 ``ServerShuttingDown`` (a non-streaming client gets a 503 naming the shutdown, a
 streaming client an error event saying the same, then ``[DONE]``), before the engine
-is shut down; (2) starts a deadline: if the process
-still runs ``VLLM_KUNLUN_SHUTDOWN_TIMEOUT`` seconds after the stop began, it kills every
-process of its tree (engine core, workers) and exits with status 1; (3) makes a second
-SIGINT / SIGTERM kill the tree and exit at once (status 128 + the signal). The process
-tree is recorded when the stop begins, so workers whose engine core died first are
-still found.
+is shut down; (2) starts a deadline: if the process still runs
+``VLLM_KUNLUN_SHUTDOWN_TIMEOUT`` seconds after the stop began, it kills every process
+of its tree (engine core, workers) and exits with status 1; (3) makes a second SIGINT /
+SIGTERM kill the tree and exit at once (status 128 + the signal). The process tree is
+recorded when the stop begins, so workers whose engine core died first are still found.
+The deadline is a thread: it covers the stop and the exit handlers, not the last phase
+of the interpreter's teardown after a clean stop (Python lets no thread run then),
+which can take several seconds on a loaded host.
 Applied in the API server process only (where vLLM's OpenAI server module is already
 imported), from the platform's ``pre_register_and_update`` and the general plugin.
 Removal: when vLLM fails in-flight requests on shutdown and bounds its graceful wait.
