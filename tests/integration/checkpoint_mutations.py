@@ -158,6 +158,12 @@ CASES: dict[str, Case] = {
         rows={"model.embed_tokens.weight": 5},
         expect=("'model.embed_tokens.weight'", "found ["),
     ),
+    # A plain parameter (default_weight_loader): vLLM's assert names no tensor.
+    "qwen3_norm_extra": Case(
+        "qwen3",
+        rows={"model.layers.0.input_layernorm.weight": 1},
+        expect=("'model.layers.0.input_layernorm.weight'", "found [65]"),
+    ),
     "fp8_config": Case(
         "qwen3",
         quant=FP8_CONFIG,

@@ -113,9 +113,12 @@ def shards_of(layer: Any) -> tuple[Any, ...]:
     return ()
 
 
-def expected_shape(layer: Any, param: Any, shard_id: Any) -> Shape | None:
+def expected_shape(
+    layer: Any, param: Any, shard_id: Any, own_loader: bool = True
+) -> Shape | None:
     """The shape the checkpoint tensor loaded into ``param`` (of ``layer``, shard
     ``shard_id``) must have, or None where the loader's rule is not known here.
+    ``own_loader``: the parameter has a loader other than ``default_weight_loader``.
 
     Only the rules of the loaders vLLM 0.15.1 and the plugin use for the models served:
     the checkpoint tensor is whole (not pre-sharded): a split dimension is the
@@ -166,7 +169,7 @@ def expected_shape(layer: Any, param: Any, shard_id: Any) -> Shape | None:
         return tuple(shape)
     if isinstance(layer, ReplicatedLinear):
         return tuple(shape)
-    if not hasattr(param, "weight_loader"):
+    if not own_loader:
         return tuple(shape)  # default_weight_loader copies the tensor whole
     return None
 
@@ -199,21 +202,24 @@ class _Recorder:
         had = "weight_loader" in vars(param) or hasattr(type(param), "weight_loader")
         original = getattr(param, "weight_loader", None) if had else None
         loader = original if original is not None else default_weight_loader
+        own = loader is not default_weight_loader
 
         @functools.wraps(loader)
         def checked(p: Any, loaded: Any, *args: Any, **kwargs: Any) -> Any:
             shard_id = args[0] if args else kwargs.get("loaded_shard_id")
             if shard_id is None:
                 shard_id = kwargs.get("shard_id")
-            self.check(name, layer, p, loaded, shard_id)
+            self.check(name, layer, p, loaded, shard_id, own)
             self.filled.setdefault(name, set()).add(shard_id)
             return loader(p, loaded, *args, **kwargs)
 
         param.weight_loader = checked
         self._restore.append((param, had, original))
 
-    def check(self, name: str, layer: Any, param: Any, loaded: Any, shard: Any) -> None:
-        want = expected_shape(layer, param, shard)
+    def check(
+        self, name: str, layer: Any, param: Any, loaded: Any, shard: Any, own: bool
+    ) -> None:
+        want = expected_shape(layer, param, shard, own)
         found = tuple(int(d) for d in loaded.shape)
         if want is None or _fits(want, found):
             return
