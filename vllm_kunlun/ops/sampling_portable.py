@@ -186,10 +186,26 @@ def mask_logits(
     if p is None or batch == 0 or not select.maybe_any(p < 1):
         masked = _filter(work, top_k, None, scores_are_logits=True, fill=float("-inf"))
     else:
-        # Top-k first (vLLM keeps its ties), then top-p relative to what is left.
-        masked = _filter(work, top_k, None, scores_are_logits=True, fill=float("-inf"))
-        log_mass = torch.logsumexp(masked, dim=-1)
-        masked = _filter(masked, None, p, scores_are_logits=True, fill=float("-inf"))
+        k = normalize_top_k(top_k, batch, work.shape[1], work.device)
+        # The cut needs the mass top-p is relative to (the top-k set's, or the row's),
+        # which masking overwrites: kept aside, and computed for the rows cut only.
+        if k is None:
+            total = torch.logsumexp(work, dim=-1)
+
+            def log_mass(rows: torch.Tensor | None) -> torch.Tensor:
+                return total if rows is None else total[rows]
+
+        else:
+            original = work.clone()
+
+            def log_mass(rows: torch.Tensor | None) -> torch.Tensor:
+                sub = original if rows is None else original[rows]
+                assert k is not None
+                kk = k if rows is None else k[rows]
+                top = _filter(sub, kk, None, scores_are_logits=True, fill=float("-inf"))
+                return torch.logsumexp(top, dim=-1)
+
+        masked = _filter(work, k, p, scores_are_logits=True, fill=float("-inf"))
         masked = select.cut_boundary_ties(masked, p, log_mass)
     if masked is not logits:
         logits.copy_(masked)

@@ -25,6 +25,7 @@ Removable: never; this is the portable implementation the vendor kernel is teste
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -476,7 +477,9 @@ def plan_filter(
 
 
 def cut_boundary_ties(
-    logits: torch.Tensor, p: torch.Tensor, log_mass: torch.Tensor
+    logits: torch.Tensor,
+    p: torch.Tensor,
+    log_mass: Callable[[torch.Tensor | None], torch.Tensor],
 ) -> torch.Tensor:
     """Keep only as many boundary ties as vLLM's ``apply_top_k_top_p`` keeps, in place.
 
@@ -487,8 +490,8 @@ def cut_boundary_ties(
     (unstable) sort happens to put there. The count is what vLLM determines, so it is
     kept here; the tokens kept are the lowest-indexed of the group.
 
-    ``log_mass`` (B,): logsumexp of the row after top-k, before top-p (the mass top-p
-    is relative to); ``p`` (B,) float32, >= 1 meaning no top-p. No host read on an
+    ``log_mass(rows)``: for rows ``rows`` (None: all), the logsumexp of the row after
+    top-k, before top-p (the mass top-p is relative to); ``p`` (B,) float32, >= 1 meaning no top-p. No host read on an
     accelerator; on the host only rows with a tie at their boundary are touched.
     """
     lowest = torch.where(logits > float("-inf"), logits, float("inf")).amin(-1)
@@ -501,14 +504,15 @@ def cut_boundary_ties(
             return logits
         rows = wanted.nonzero().squeeze(1)
         x, tie, ties = logits[rows], tie[rows], ties[rows]
-        lowest, p, log_mass = lowest[rows], p[rows], log_mass[rows]
+        lowest, p = lowest[rows], p[rows]
     else:
         x = logits
-    lm = log_mass.unsqueeze(1)
+    mass = log_mass(rows)
+    lm = mass.unsqueeze(1)
     # Mass strictly above the boundary and one tied token's mass, both relative to the
     # top-k mass; the j-th tie (0-based) is kept while above + j * tied < p.
     above = torch.where(x > lowest.unsqueeze(1), (x - lm).exp(), 0.0).sum(-1)
-    tied = (lowest - log_mass).exp()
+    tied = (lowest - mass).exp()
     need = (p.double() - above.double()) / tied.double()
     count = torch.minimum(need.ceil().clamp(min=1), ties.double())
     count = torch.where(torch.isfinite(need) & (p < 1), count, ties.double()).long()
