@@ -1,8 +1,7 @@
 """Broken checkpoints refused at engine start: real ``vllm.LLM`` in host emulation.
 
-One engine start per kind of damage (a deleted W8A8 ``weight_scale``, a 3x3 scale, a
-``q_proj`` with 8 extra rows, a Qwen3.5 ``in_proj_a`` with 3 extra rows, a Qwen3.5
-tensor one row short, an FP8 config), in one interpreter, one after the other, each
+One engine start per path to a refusal (a deleted W8A8 ``weight_scale``, a Qwen3.5
+``in_proj_a`` with 3 extra rows, an FP8 config), in one interpreter, one after the other, each
 with vLLM's multiprocessing engine: the checkpoint guard must be in place in the
 spawned engine core (the plugin's worker installs it there), and the front end must
 fail to start. The refusal is logged by the engine core (its stderr), which the front
@@ -24,12 +23,13 @@ from tests.integration.checkpoint_mutations import CASES, write_case
 
 pytestmark = pytest.mark.slow
 
+# One start per path to the refusal: a quantized scale missing (vLLM's own check skips
+# quantized models), the plugin's Qwen3.5 loader with an oversize tensor, the front
+# end's scheme refusal. Every other kind of damage goes through the same guard in the
+# same loader and is covered in-process by test_checkpoint_guard.py.
 ENGINE_CASES = (
     "w8a8_missing_scale",
-    "w8a8_scale_3x3",
-    "qwen3_q_proj_8_extra",
     "qwen3_5_in_proj_a_3_extra",
-    "qwen3_5_in_proj_b_one_short",
     "fp8_config",
 )
 # The engine arguments of the e2e tests, smaller: the engine never gets to serve.
@@ -71,7 +71,7 @@ def starts(
         "**LLM_ARGS", f"**{LLM_ARGS!r}"
     )
     # Each start ends at model loading (or before): 30-180 s each on a loaded host
-    # (all six: 18 min with the machine's two cores shared by four other suites).
+    # (18 min for six on a loaded host; three here, the rest covered in-process).
     proc = run_python(
         code,
         env={"VLLM_KUNLUN_HOST_EMULATION": "1", "VLLM_LOGGING_LEVEL": "INFO"},
