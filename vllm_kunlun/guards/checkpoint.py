@@ -38,7 +38,6 @@ from typing import Any
 from vllm_kunlun.logger import init_logger
 from vllm_kunlun.patching.attribute import (
     AttributePatch,
-    PatchMismatch,
     expect_call,
     expect_params,
 )
@@ -328,18 +327,9 @@ def apply() -> bool:
     A vLLM whose loader differs keeps its own checks, with a warning saying what
     differs.
     """
-    try:
-        done = PATCH.apply()
-    except PatchMismatch as exc:
-        logger.warning_once(
-            "vllm-kunlun: %s; checkpoints are loaded without the plugin's shape and "
-            "completeness checks",
-            str(exc),
-        )
-        return False
-    if done:
-        logger.debug("vllm-kunlun: runtime patch %s installed", NAME)
-    return done
+    return PATCH.apply_or_warn(
+        "checkpoints are loaded without the plugin's shape and completeness checks"
+    )
 
 
 def revert() -> None:

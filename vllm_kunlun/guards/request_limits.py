@@ -46,7 +46,7 @@ from vllm.exceptions import VLLMValidationError
 
 from vllm_kunlun import envs
 from vllm_kunlun.logger import init_logger
-from vllm_kunlun.patching.attribute import AttributePatch, PatchMismatch, expect_params
+from vllm_kunlun.patching.attribute import AttributePatch, expect_params
 
 logger = init_logger(__name__)
 
@@ -306,14 +306,7 @@ def install() -> bool:
     if API_SERVER in sys.modules:
         targets.append((BODY_PATCH, "a non-object JSON body is left to vLLM"))
     for patch, fallback in targets:
-        try:
-            applied = patch.apply()
-        except PatchMismatch as exc:
-            logger.warning_once("vllm-kunlun: %s; %s", str(exc), fallback)
-            continue
-        if applied:
-            logger.debug("vllm-kunlun: runtime patch %s installed", patch.name)
-        done = done or applied
+        done = patch.apply_or_warn(fallback) or done
     return done
 
 

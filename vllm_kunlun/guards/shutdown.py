@@ -46,7 +46,6 @@ from vllm_kunlun import envs
 from vllm_kunlun.logger import init_logger
 from vllm_kunlun.patching.attribute import (
     AttributePatch,
-    PatchMismatch,
     expect_call,
     expect_params,
 )
@@ -260,18 +259,9 @@ def install() -> bool:
     """
     if MODULE not in sys.modules:
         return False
-    try:
-        done = PATCH.apply()
-    except PatchMismatch as exc:
-        logger.warning_once(
-            "vllm-kunlun: %s; Ctrl-C / SIGTERM may wait for in-flight requests as "
-            "long as their clients do",
-            str(exc),
-        )
-        return False
-    if done:
-        logger.debug("vllm-kunlun: runtime patch %s installed", NAME)
-    return done
+    return PATCH.apply_or_warn(
+        "Ctrl-C / SIGTERM may wait for in-flight requests as long as their clients do"
+    )
 
 
 def installed() -> bool:

@@ -25,7 +25,7 @@ from types import ModuleType
 from typing import Any
 
 from vllm_kunlun.logger import init_logger
-from vllm_kunlun.patching.attribute import AttributePatch, PatchMismatch, expect_params
+from vllm_kunlun.patching.attribute import AttributePatch, expect_params
 
 logger = init_logger(__name__)
 
@@ -94,18 +94,9 @@ PATCH = AttributePatch(
 def install() -> bool:
     """Install the guard; True when this call installed it. A vLLM whose method differs
     keeps its own check, with a warning."""
-    try:
-        done = PATCH.apply()
-    except PatchMismatch as exc:
-        logger.warning_once(
-            "vllm-kunlun: %s; out-of-vocabulary prompt token ids are checked by vLLM "
-            "alone",
-            str(exc),
-        )
-        return False
-    if done:
-        logger.debug("vllm-kunlun: runtime patch %s installed", NAME)
-    return done
+    return PATCH.apply_or_warn(
+        "out-of-vocabulary prompt token ids are checked by vLLM alone"
+    )
 
 
 def installed() -> bool:

@@ -88,6 +88,22 @@ class AttributePatch:
         self._active = True
         return True
 
+    def apply_or_warn(self, without: str) -> bool:
+        """``apply`` for a guard vLLM can run without: a target that differs is one
+        warning naming what differs and what the process does ``without`` the patch,
+        never a failed start. True when this call installed it."""
+        from vllm_kunlun.logger import init_logger  # vLLM's logger: not for the CLI
+
+        logger = init_logger(__name__)
+        try:
+            done = self.apply()
+        except PatchMismatch as exc:
+            logger.warning_once("vllm-kunlun: %s; %s", str(exc), without)
+            return False
+        if done:
+            logger.debug("vllm-kunlun: runtime patch %s installed", self.name)
+        return done
+
     def revert(self) -> None:
         if not self.applied():
             return
