@@ -25,15 +25,18 @@ def _module_of(path: Path) -> str:
     return ".".join(rel[:-1] if rel[-1] == "__init__" else rel)
 
 
-def documented_rules() -> dict[str, set[str]]:
-    """The table in docs/architecture.md: | `layer` | may import | ..."""
-    rules = {}
+def documented_table() -> list[tuple[str, set[str]]]:
+    """The table in docs/architecture.md, in its order: | `layer` | may import | ..."""
+    rows = []
     for line in DOC.read_text().splitlines():
         m = re.match(r"\|\s*`([\w_]+)/?`\s*\|\s*([^|]*)\|", line)
         if m:
-            allowed = set(re.findall(r"`([\w_]+)/?`", m.group(2)))
-            rules[m.group(1)] = allowed | {m.group(1), "foundation"}
-    return rules
+            rows.append((m.group(1), set(re.findall(r"`([\w_]+)/?`", m.group(2)))))
+    return rows
+
+
+def documented_rules() -> dict[str, set[str]]:
+    return {layer: allowed | {layer, "foundation"} for layer, allowed in documented_table()}
 
 
 def imports() -> list[tuple[str, str, str]]:
@@ -50,12 +53,7 @@ def imports() -> list[tuple[str, str, str]]:
             elif isinstance(node, ast.Import):
                 names = [a.name for a in node.names]
             for name in names:
-                if name == "vllm_kunlun.platforms":
-                    continue  # the selection API: names and two functions, any layer
-                if (
-                    name.startswith("vllm_kunlun.")
-                    and name != "vllm_kunlun.__version__"
-                ):
+                if name.startswith("vllm_kunlun."):
                     dst = _group(name)
                     if dst != src:
                         found.append(
@@ -82,3 +80,36 @@ def test_imports_follow_the_documented_layers() -> None:
 
 def test_the_foundation_imports_nothing_of_the_plugin() -> None:
     assert [w for s, d, w in imports() if s == "foundation" and d != "foundation"] == []
+
+
+def test_every_layer_imports_only_layers_above_it_in_the_table() -> None:
+    """The table is the layers' order: a row may name only rows above it, so the
+    allowed imports cannot form a loop and none runs up the layers."""
+    seen: set[str] = set()
+    wrong = []
+    for layer, allowed in documented_table():
+        wrong += [f"{layer} may import {x}, listed below it" for x in allowed - seen]
+        seen.add(layer)
+    assert wrong == []
+
+
+def test_the_import_graph_has_no_loop() -> None:
+    """The imports themselves, not just the rules: a depth-first walk of the
+    layer-to-layer arrows finds no cycle."""
+    arrows: dict[str, set[str]] = {}
+    for src, dst, _ in imports():
+        arrows.setdefault(src, set()).add(dst)
+    state: dict[str, int] = {}
+
+    def visit(node: str, path: list[str]) -> list[str]:
+        state[node] = 1
+        for nxt in sorted(arrows.get(node, ())):
+            if state.get(nxt) == 1:
+                return path + [node, nxt]
+            if nxt not in state and (loop := visit(nxt, path + [node])):
+                return loop
+        state[node] = 2
+        return []
+
+    loops = [loop for n in sorted(arrows) if n not in state and (loop := visit(n, []))]
+    assert loops == []
