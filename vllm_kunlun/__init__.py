@@ -35,8 +35,8 @@ def register() -> str | None:
 
     logger = init_logger(__name__)
     try:
+        from vllm_kunlun.hardware import select_platform
         from vllm_kunlun.patching.schema import needed as schema_fix_needed
-        from vllm_kunlun.platforms import select_platform
         from vllm_kunlun.platforms.runtime_fixes import apply_schema_fix
 
         # Device or not: on torch < 2.6 no vLLM command imports vllm.config without it.
@@ -64,7 +64,7 @@ def register_runtime_fixes() -> None:
 
     if current_platform.is_unspecified():
         from vllm_kunlun import envs
-        from vllm_kunlun.platforms.device import (
+        from vllm_kunlun.hardware.device import (
             NoDeviceError,
             no_device_message,
             probe_devices,
@@ -77,7 +77,7 @@ def register_runtime_fixes() -> None:
 
     logger = init_logger(__name__)
     try:
-        from vllm_kunlun.platforms import active_plugin_platform
+        from vllm_kunlun.hardware import active_plugin_platform
 
         if active_plugin_platform() is None:
             return

@@ -8,7 +8,7 @@ import pytest
 
 from vllm_kunlun.doctor.devices import check_devices
 from vllm_kunlun.doctor.finding import Context
-from vllm_kunlun.platforms.device import DeviceProbe
+from vllm_kunlun.hardware.device import DeviceProbe
 
 
 def _dev(tmp_path: Path, nodes: list[int], ctrl: bool) -> Context:

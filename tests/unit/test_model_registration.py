@@ -19,8 +19,8 @@ from vllm.platforms.interface import Platform
 import vllm_kunlun
 from tests.conftest import run_python
 from vllm_kunlun import models
+from vllm_kunlun.hardware import EMULATION_PLATFORM
 from vllm_kunlun.models import inspection
-from vllm_kunlun.platforms import EMULATION_PLATFORM
 from vllm_kunlun.platforms.emulation import KunlunHostEmulationPlatform
 from vllm_kunlun.platforms.kunlun import KunlunPlatform
 

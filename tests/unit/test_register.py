@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 import vllm_kunlun
-from vllm_kunlun.platforms import KUNLUN_PLATFORM
+from vllm_kunlun.hardware import KUNLUN_PLATFORM
 
 
 @pytest.fixture(autouse=True)
@@ -75,7 +75,7 @@ def test_engine_command_without_any_platform_says_why(
     import vllm.platforms
     from vllm.platforms.interface import UnspecifiedPlatform
 
-    from vllm_kunlun.platforms.device import NoDeviceError
+    from vllm_kunlun.hardware.device import NoDeviceError
 
     monkeypatch.setattr(vllm.platforms, "_current_platform", UnspecifiedPlatform())
     with pytest.raises(NoDeviceError) as err:

@@ -17,7 +17,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from vllm_kunlun.platforms import EMULATION_ENV
+from vllm_kunlun.hardware import EMULATION_ENV
 
 # Every word is in the tiny model's vocabulary (a test checks it).
 DEFAULT_PROMPTS = (
@@ -64,7 +64,7 @@ class DemoReport:
 
 def choose_platform() -> PlatformChoice:
     """Kunlun when a device is present (or the platform is forced), else emulation."""
-    from vllm_kunlun.platforms import select_platform
+    from vllm_kunlun.hardware import select_platform
 
     selection = select_platform(emulate_without_device=True)
     return PlatformChoice(selection.emulation, selection.reason)

@@ -31,11 +31,11 @@ class AttentionPath:
 
 def platform_class() -> Any:
     """The plugin platform the engine would run on this host: the plugin's own
-    selection (``platforms.select_platform``), KunlunPlatform when it picks none (no
+    selection (``hardware.select_platform``), KunlunPlatform when it picks none (no
     device visible: a P800 assumed, as the budget does)."""
     from vllm.utils.import_utils import resolve_obj_by_qualname
 
-    from vllm_kunlun.platforms import KUNLUN_PLATFORM, select_platform
+    from vllm_kunlun.hardware import KUNLUN_PLATFORM, select_platform
 
     return resolve_obj_by_qualname(select_platform().platform or KUNLUN_PLATFORM)
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from vllm_kunlun.doctor.finding import Context, Finding
-from vllm_kunlun.platforms.device import (
+from vllm_kunlun.hardware.device import (
     DeviceNodes,
     DeviceProbe,
     device_nodes,

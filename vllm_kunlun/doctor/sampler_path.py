@@ -23,7 +23,7 @@ from typing import Any
 import torch
 
 from vllm_kunlun.doctor.finding import Context, Finding
-from vllm_kunlun.platforms.device import probe_devices
+from vllm_kunlun.hardware.device import probe_devices
 from vllm_kunlun.versions import install_hint, label
 
 PROBE_BATCH = 8

@@ -22,8 +22,8 @@ from types import ModuleType
 from typing import Any
 
 from vllm_kunlun.doctor.finding import Context, Finding
+from vllm_kunlun.hardware.device import probe_devices
 from vllm_kunlun.ops import vendor
-from vllm_kunlun.platforms.device import probe_devices
 from vllm_kunlun.versions import VALIDATED
 
 Contract = Mapping[str, Mapping[str, Sequence[str]]]

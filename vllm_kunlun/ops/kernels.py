@@ -45,7 +45,7 @@ class Refused(Exception):
 
 def platform_policy() -> tuple[bool, str]:
     """Whether the active vLLM platform routes work to vendor kernels, and why."""
-    from vllm_kunlun.platforms import active_plugin_platform
+    from vllm_kunlun.hardware import active_plugin_platform
 
     platform = active_plugin_platform()
     if platform is None:

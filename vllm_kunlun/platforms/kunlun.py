@@ -17,8 +17,8 @@ from vllm.platforms.interface import Platform, PlatformEnum
 from vllm.v1.attention.backends.registry import AttentionBackendEnum
 
 from vllm_kunlun import envs
+from vllm_kunlun.hardware.device import probe_devices
 from vllm_kunlun.logger import init_logger
-from vllm_kunlun.platforms.device import probe_devices
 from vllm_kunlun.platforms.runtime_fixes import apply_runtime_fixes
 
 if TYPE_CHECKING:
@@ -61,7 +61,7 @@ class KunlunPlatformBase(Platform):
     """
 
     _enum = PlatformEnum.OOT
-    is_vllm_kunlun_platform = True  # platforms.MARKER
+    is_vllm_kunlun_platform = True  # hardware.MARKER
     _banner: str = "vllm-kunlun platform active"
     # What the platform runs models in, and the words of a refusal.
     _dtypes: tuple[torch.dtype, ...] = (torch.bfloat16, torch.float16, torch.float32)
