@@ -29,11 +29,11 @@ def _load_envs():
 
 
 def _read_version():
-    with open(os.path.join(HERE, "vllm_kunlun", "__init__.py")) as f:
+    with open(os.path.join(HERE, "vllm_kunlun", "versions.py")) as f:
         for line in f:
             if line.startswith("__version__"):
                 return line.split("=")[1].strip().strip('"')
-    raise RuntimeError("vllm_kunlun/__init__.py has no __version__")
+    raise RuntimeError("vllm_kunlun/versions.py has no __version__")
 
 
 def _read_readme():

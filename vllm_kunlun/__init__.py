@@ -7,8 +7,7 @@ cheap, re-entrant, and log the reason before anything escapes.
 
 from __future__ import annotations
 
-__version__ = "0.1.0"
-
+from vllm_kunlun.versions import __version__ as __version__
 from vllm_kunlun.versions import validated_version
 
 # The validated vLLM on the validated torch logs these in every process; each is

@@ -9,7 +9,8 @@ from __future__ import annotations
 import importlib.metadata
 from dataclasses import dataclass
 
-from vllm_kunlun import __version__
+__version__ = "0.1.0"
+"""The plugin's own version; setup.py reads this line, the package re-exports it."""
 
 
 @dataclass(frozen=True)
