@@ -9,7 +9,7 @@ Times, on the same activations in the same run, one linear layer computed by
 for the per-card shapes of the log's model (Qwen3.5-27B at TP 8: column-parallel
 layers split their outputs by 8, row-parallel ones their inputs) and a few token
 counts. Reported: median ms per call, ours / float (a ratio above 1 is slower), and the
-weight bytes each keeps. Then, from the same shape table (``doctor/weights.py``), the
+weight bytes each keeps. Then, from the same shape table (``checks/weights.py``), the
 weight memory int8 saves per decoder layer and for the whole model.
 
     python benchmarks/int8_linear.py                        # CPU, float32 activations
@@ -36,7 +36,7 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from vllm_kunlun.doctor.weights import (  # noqa: E402
+from vllm_kunlun.checks.weights import (  # noqa: E402
     QWEN3_5_27B,
     int8_linear_bytes,
     linear_layers,
@@ -217,7 +217,7 @@ def markdown(report: dict[str, Any]) -> str:
     lines += [
         "",
         "Weight memory of Qwen3.5-27B's linear layers (bf16 vs int8 + float32 channel "
-        "scales; doctor/weights.py):",
+        "scales; checks/weights.py):",
         "",
         "| | bf16 | W8A8 | saved |",
         "|---|---:|---:|---:|",

@@ -68,7 +68,7 @@ except ValueError as exc:
     print("IMPORT FAILED " + str(exc)[:200])
 else:
     print("IMPORT OK")
-from vllm_kunlun.doctor.finding import Context
+from vllm_kunlun.checks.finding import Context
 from vllm_kunlun.doctor.plugins import check_plugins
 f = check_plugins(Context())
 print("FINDING " + json.dumps({"status": f.status, "cause": f.cause, "fix": f.fix}))

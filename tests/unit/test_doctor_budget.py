@@ -16,13 +16,13 @@ from pathlib import Path
 
 import pytest
 
-from vllm_kunlun.doctor.budget import (
-    ConfigRangeError,
+from vllm_kunlun.checks.budget import (
     ModelShape,
     check_config_ranges,
     check_kv_budget,
 )
-from vllm_kunlun.doctor.finding import Context
+from vllm_kunlun.checks.config_file import ConfigRangeError
+from vllm_kunlun.checks.finding import Context
 
 GIB = 1 << 30
 P800 = 96 * GIB  # 103.1 GB
@@ -370,7 +370,7 @@ def test_host_emulation_serves_the_page_on_the_portable_backend(
 def test_a_refused_selection_is_reported_not_raised(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from vllm_kunlun.doctor import attention_path
+    from vllm_kunlun.checks import attention_path
 
     class Refusing:
         @classmethod
@@ -396,7 +396,7 @@ class Only32Backend:
 def test_a_page_the_kernel_blocks_cannot_split_fails_naming_them(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from vllm_kunlun.doctor import attention_path
+    from vllm_kunlun.checks import attention_path
 
     class Picks32:
         @classmethod

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
+from vllm_kunlun.checks.finding import Context
 from vllm_kunlun.doctor.devices import check_devices
-from vllm_kunlun.doctor.finding import Context
 from vllm_kunlun.hardware.device import DeviceProbe
 
 

@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from vllm_kunlun.doctor import config_file
-from vllm_kunlun.doctor.budget import check_kv_budget
-from vllm_kunlun.doctor.finding import Context
-from vllm_kunlun.doctor.model_path import check_model_path, looks_local, suggestions
+from vllm_kunlun.checks import config_file
+from vllm_kunlun.checks.budget import check_kv_budget
+from vllm_kunlun.checks.finding import Context
+from vllm_kunlun.checks.model_path import check_model_path, looks_local, suggestions
 from vllm_kunlun.guards.model_path import ModelPathError, model_path_guard
 
 REAL = "Qwen3.8-27B-W8A8-INT8-Dynamic"

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from vllm_kunlun.doctor.finding import Context
+from vllm_kunlun.checks.finding import Context
 from vllm_kunlun.doctor.patchset import check_patchset
 from vllm_kunlun.patching import engine
 from vllm_kunlun.patching.patchset import load_patch_set

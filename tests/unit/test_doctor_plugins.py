@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from vllm_kunlun.doctor.finding import Context
+from vllm_kunlun.checks.finding import Context
 from vllm_kunlun.doctor.plugins import check_plugins, our_entry_points, schema_gap
 
 OURS = {

@@ -7,9 +7,9 @@ import json
 import jsonschema
 import pytest
 
+from vllm_kunlun.checks.finding import Context, Finding, run_checks
 from vllm_kunlun.cli import main
 from vllm_kunlun.doctor import checks as checks_module
-from vllm_kunlun.doctor.finding import Context, Finding, run_checks
 from vllm_kunlun.doctor.report import (
     exit_code,
     json_schema,

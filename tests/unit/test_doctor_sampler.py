@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from vllm_kunlun.doctor.finding import Context
+from vllm_kunlun.checks.finding import Context
 from vllm_kunlun.doctor.sampler_path import (
     check_sampler_path,
     count_exponential,
@@ -75,7 +75,7 @@ def test_vendor_mode_without_the_vendor_library_fails(
 
 WORKER_PROBE = """
 import json
-from vllm_kunlun.doctor.finding import Context
+from vllm_kunlun.checks.finding import Context
 from vllm_kunlun.ops import sampling_native
 from vllm_kunlun.doctor.sampler_path import check_sampler_path
 f = check_sampler_path(Context())

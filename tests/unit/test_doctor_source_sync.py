@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from vllm_kunlun.doctor.finding import Context
+from vllm_kunlun.checks.finding import Context
 from vllm_kunlun.doctor.source_sync import check_source_sync, find_checkout
 
 FILES = {

@@ -6,8 +6,8 @@ import logging
 
 import pytest
 
-from vllm_kunlun.doctor.finding import Context
-from vllm_kunlun.doctor.stack import check_stack_versions
+from vllm_kunlun.checks.finding import Context
+from vllm_kunlun.checks.stack import check_stack_versions
 from vllm_kunlun.guards.engine_checks import StackError, stack_guard
 
 GOOD = {

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from vllm_kunlun.doctor.finding import Context
+from vllm_kunlun.checks.finding import Context
 from vllm_kunlun.doctor.transformers_compat import FIX, check_transformers_compat
 
 

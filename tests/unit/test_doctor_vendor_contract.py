@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from vllm_kunlun.doctor.finding import Context
+from vllm_kunlun.checks.finding import Context
 from vllm_kunlun.doctor.vendor_contract import (
     accepted_keywords,
     check_vendor_contract,

@@ -1,4 +1,4 @@
-"""Weight memory from config.json (doctor/weights.py) and the budget check using it.
+"""Weight memory from config.json (checks/weights.py) and the budget check using it.
 
 The 27B numbers are the log's model family (``QWEN3_5_27B``: hidden 5120, intermediate
 17408, 64 layers of which 48 Gated DeltaNet, 24 query heads and 4 KV heads of 256, GDN
@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 from safetensors.torch import load_file
 
+from vllm_kunlun.checks.budget import check_kv_budget
+from vllm_kunlun.checks.finding import Context
+from vllm_kunlun.checks.weights import QWEN3_5_27B, estimate_weights, linear_layers
 from vllm_kunlun.demo.tiny_quant import w8a8_dynamic_config, write_tiny_w8a8
-from vllm_kunlun.doctor.budget import check_kv_budget
-from vllm_kunlun.doctor.finding import Context
-from vllm_kunlun.doctor.weights import QWEN3_5_27B, estimate_weights, linear_layers
 
 GIB = 1 << 30
 CONFIG_27B = QWEN3_5_27B

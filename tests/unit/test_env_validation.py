@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from vllm_kunlun import envs
+from vllm_kunlun.checks.finding import Context, run_checks
 from vllm_kunlun.doctor.environment import check_environment
-from vllm_kunlun.doctor.finding import Context, run_checks
 from vllm_kunlun.platforms.emulation import KunlunHostEmulationPlatform
 from vllm_kunlun.platforms.kunlun import KunlunPlatform
 

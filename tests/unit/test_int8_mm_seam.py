@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 import torch
 
-from vllm_kunlun.doctor.finding import Context
+from vllm_kunlun.checks.finding import Context
 from vllm_kunlun.doctor.vendor_contract import check_vendor_contract
 from vllm_kunlun.ops import int8_mm
 from vllm_kunlun.ops import int8_mm_portable as portable

@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 import torch
 
+from vllm_kunlun.checks.finding import Context
 from vllm_kunlun.cli import main
-from vllm_kunlun.doctor.finding import Context
 from vllm_kunlun.doctor.patchset import check_patchset
 from vllm_kunlun.patching import wrap_triton
 from vllm_kunlun.patching.registry import torch_fix_states as runtime_fix_states

@@ -112,8 +112,8 @@ def test_an_applied_patch_still_reports_no_mismatch() -> None:
 def test_patch_status_and_doctor_list_every_runtime_patch(
     capsys: pytest.CaptureFixture,
 ) -> None:
+    from vllm_kunlun.checks.finding import Context
     from vllm_kunlun.cli import main
-    from vllm_kunlun.doctor.finding import Context
     from vllm_kunlun.doctor.patchset import check_patchset
 
     main(["patch", "status"])

@@ -23,6 +23,10 @@ from typing import Any
 
 PORTABLE_BACKEND_PATH = "vllm_kunlun.attention.backend.PortableAttentionBackend"
 
+DEFAULT_BLOCK_SIZE = 16
+"""Tokens per KV page when vLLM is not told (the Kunlun platform's default, Triton
+attention's); here so that the KV budget check and the platform share one number."""
+
 
 def kernel_block_size(backend: Any, block_size: int) -> int | None:
     """The kernel block vLLM's model runner gives ``backend`` for a KV-manager block of

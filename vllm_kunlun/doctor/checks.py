@@ -4,16 +4,16 @@ deployment log, each in the module of its family. Engine-start guards
 
 from __future__ import annotations
 
-from vllm_kunlun.doctor.budget import check_kv_budget
+from vllm_kunlun.checks.budget import check_kv_budget
+from vllm_kunlun.checks.finding import Check
+from vllm_kunlun.checks.model_path import check_model_path
+from vllm_kunlun.checks.stack import check_stack_versions
 from vllm_kunlun.doctor.devices import check_devices, check_platform
 from vllm_kunlun.doctor.environment import check_environment
-from vllm_kunlun.doctor.finding import Check
-from vllm_kunlun.doctor.model_path import check_model_path
 from vllm_kunlun.doctor.patchset import check_patchset
 from vllm_kunlun.doctor.plugins import check_plugins
 from vllm_kunlun.doctor.sampler_path import check_sampler_path
 from vllm_kunlun.doctor.source_sync import check_source_sync
-from vllm_kunlun.doctor.stack import check_stack_versions
 from vllm_kunlun.doctor.transformers_compat import check_transformers_compat
 from vllm_kunlun.doctor.vendor_contract import check_vendor_contract
 

@@ -56,8 +56,8 @@ def run(args: argparse.Namespace) -> int:
     # vLLM logs to stdout by default; the report (and --json) owns stdout. Only takes
     # effect when vLLM is not imported yet, which is the case for the console script.
     os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
+    from vllm_kunlun.checks.finding import Context, run_checks
     from vllm_kunlun.doctor.checks import CHECKS
-    from vllm_kunlun.doctor.finding import Context, run_checks
     from vllm_kunlun.doctor.report import exit_code, render_json, render_table
 
     ctx = Context(

@@ -11,7 +11,7 @@ import os
 from collections.abc import Mapping
 
 from vllm_kunlun import envs
-from vllm_kunlun.doctor.finding import Context, Finding
+from vllm_kunlun.checks.finding import Context, Finding
 
 
 def check_environment(

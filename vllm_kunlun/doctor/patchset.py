@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from vllm_kunlun.doctor.finding import Context, Finding
+from vllm_kunlun.checks.finding import Context, Finding
 from vllm_kunlun.versions import REINSTALL_VLLM, label
 
 Summary = Callable[[], tuple[int, int, dict[str, str]]]

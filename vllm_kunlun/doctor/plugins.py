@@ -24,7 +24,7 @@ import os
 from collections.abc import Callable, Mapping
 from importlib.metadata import entry_points
 
-from vllm_kunlun.doctor.finding import Context, Finding
+from vllm_kunlun.checks.finding import Context, Finding
 
 PLATFORM_GROUP = "vllm.platform_plugins"
 GENERAL_GROUP = "vllm.general_plugins"

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from importlib import resources
 from typing import Any
 
-from vllm_kunlun.doctor.finding import Finding
+from vllm_kunlun.checks.finding import Finding
 from vllm_kunlun.versions import __version__
 
 JSON_SCHEMA_VERSION = 1

@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from vllm_kunlun.doctor.finding import Context, Finding
+from vllm_kunlun.checks.finding import Context, Finding
 from vllm_kunlun.hardware.device import probe_devices
 from vllm_kunlun.versions import install_hint, label
 
@@ -172,7 +172,7 @@ def _platform() -> tuple[str, bool]:
 
 
 def check_sampler_path(ctx: Context) -> Finding:
-    from vllm_kunlun.doctor.vllm_import import ensure_vllm_importable
+    from vllm_kunlun.checks.vllm_import import ensure_vllm_importable
 
     ensure_vllm_importable()
     from vllm_kunlun import envs

@@ -14,7 +14,7 @@ import os
 from collections.abc import Iterator
 from typing import Any
 
-from vllm_kunlun.doctor.finding import Context, Finding
+from vllm_kunlun.checks.finding import Context, Finding
 
 PACKAGE = "vllm_kunlun"
 # Source and package data; built artefacts (*.so, caches) differ by build, not by code.

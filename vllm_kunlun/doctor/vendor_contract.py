@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any
 
-from vllm_kunlun.doctor.finding import Context, Finding
+from vllm_kunlun.checks.finding import Context, Finding
 from vllm_kunlun.hardware.device import probe_devices
 from vllm_kunlun.ops import vendor
 from vllm_kunlun.versions import VALIDATED

@@ -23,19 +23,19 @@ import os
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from vllm_kunlun.doctor.budget import (
+from vllm_kunlun.checks.budget import (
     CONFIG_RANGE_FIX,
     DEFAULT_RESERVE_GIB,
     P800_MEMORY_BYTES,
     Budget,
-    ConfigRangeError,
     ModelShape,
     check_config_ranges,
     estimate,
     to_finding,
     weights_bytes_per_card,
 )
-from vllm_kunlun.doctor.stack import stack_status
+from vllm_kunlun.checks.config_file import ConfigRangeError
+from vllm_kunlun.checks.stack import stack_status
 from vllm_kunlun.logger import init_logger
 from vllm_kunlun.versions import installed_version
 

@@ -29,7 +29,7 @@ from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
-from vllm_kunlun.doctor.model_path import inspect_path, missing_path_message
+from vllm_kunlun.checks.model_path import inspect_path, missing_path_message
 from vllm_kunlun.logger import init_logger
 from vllm_kunlun.patching.attribute import (
     AttributePatch,

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from vllm_kunlun.attention import DEFAULT_BLOCK_SIZE
 from vllm_kunlun.logger import init_logger
 
 if TYPE_CHECKING:
@@ -16,7 +17,6 @@ if TYPE_CHECKING:
 logger = init_logger(__name__)
 
 WORKER_CLS = "vllm_kunlun.platforms.worker.KunlunWorker"
-DEFAULT_BLOCK_SIZE = 16
 # Inductor fusion passes that need newer torch (pattern matcher features) or vllm._C
 # fused kernels; torch 2.5.1 on Kunlun runs none of them.
 DISABLED_FUSION_PASSES = (

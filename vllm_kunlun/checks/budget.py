@@ -37,7 +37,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from vllm_kunlun.doctor.finding import Context, Finding
+from vllm_kunlun.checks.config_file import (
+    CONFIG_LIMITS,
+    ConfigRangeError,
+    config_int,
+    config_key,
+)
+from vllm_kunlun.checks.finding import Context, Finding
 
 GIB = 1 << 30
 KERNEL_BLOCK_ALIGNMENT = 16
@@ -136,7 +142,7 @@ class ModelShape:
             isinstance(types, list) and all(isinstance(t, str) for t in types)
         ):
             raise ConfigRangeError(
-                f"config.json: {_key(nested, 'layer_types')} must be a list of strings, "
+                f"config.json: {config_key(nested, 'layer_types')} must be a list of strings, "
                 f"got {types!r:.60}"
             )
         if types is None and model_type in _INTERVAL_DEFAULT_TYPES:
@@ -150,7 +156,7 @@ class ModelShape:
             or not set(types) <= {"linear_attention", "full_attention", "attention"}
         ):
             raise ConfigRangeError(
-                f"config.json: {_key(nested, 'layer_types')} must list "
+                f"config.json: {config_key(nested, 'layer_types')} must list "
                 f"num_hidden_layers = {n} entries of 'linear_attention' / "
                 f"'full_attention', got {len(types)}: {sorted(set(map(str, types)))}"
             )
@@ -174,9 +180,9 @@ class ModelShape:
             head_dim = positive("hidden_size") // heads
             if head_dim < 1:
                 raise ConfigRangeError(
-                    f"config.json: {_key(nested, 'hidden_size')} "
+                    f"config.json: {config_key(nested, 'hidden_size')} "
                     f"{text.get('hidden_size')} is smaller than "
-                    f"{_key(nested, 'num_attention_heads')} {heads} (head_dim would "
+                    f"{config_key(nested, 'num_attention_heads')} {heads} (head_dim would "
                     "be 0)"
                 )
         if "vocab_size" in text or "vocab_size" not in config:
@@ -246,63 +252,6 @@ class ModelShape:
     def state_bytes_per_seq(self, tp: int) -> int:
         """Gated-delta-net state of one sequence on one card, padding included."""
         return self.linear_layers * self.padded_state_page_bytes(tp)
-
-
-class ConfigRangeError(ValueError):
-    """A model config value the budget cannot use (missing, not an integer, out of
-    range); the message names the field."""
-
-
-CONFIG_LIMITS: dict[str, int] = {
-    "num_hidden_layers": 4096,
-    "full_attention_interval": 4096,
-    "num_attention_heads": 4096,
-    "num_key_value_heads": 4096,
-    "head_dim": 65536,
-    "hidden_size": 1 << 20,
-    "intermediate_size": 1 << 22,
-    "vocab_size": 1 << 24,
-    "linear_num_key_heads": 4096,
-    "linear_num_value_heads": 4096,
-    "linear_key_head_dim": 65536,
-    "linear_value_head_dim": 65536,
-    "linear_conv_kernel_dim": 1024,
-}
-"""Upper bounds far above any real model (the largest today have ~200 layers, hidden
-sizes of tens of thousands, vocabularies of ~1M): a value above one is a broken or
-hostile config, not a model."""
-_DEFAULT_LIMIT = 1 << 24
-
-
-def _key(nested: str, key: str) -> str:
-    return f"{nested}.{key}" if nested else key
-
-
-def config_int(
-    section: Mapping[str, Any],
-    key: str,
-    nested: str = "",
-    default: Any = None,
-    minimum: int = 1,
-) -> int:
-    """``section[key]`` as an int in [minimum, CONFIG_LIMITS[key]], or ConfigRangeError
-    naming the field (``nested`` is the section's name, e.g. "text_config")."""
-    name = _key(nested, key)
-    if key not in section and default is None:
-        raise ConfigRangeError(f"config.json: {name} is missing")
-    raw = section.get(key, default)
-    if raw is None and default is not None:
-        raw = default
-    if isinstance(raw, float) and not math.isfinite(raw):
-        raise ConfigRangeError(f"config.json: {name} = {raw!r} is not a finite integer")
-    if isinstance(raw, bool) or not isinstance(raw, (int, float)) or raw != int(raw):
-        raise ConfigRangeError(f"config.json: {name} = {raw!r:.60} is not an integer")
-    limit = CONFIG_LIMITS.get(key, _DEFAULT_LIMIT)
-    if not minimum <= raw <= limit:
-        raise ConfigRangeError(
-            f"config.json: {name} = {raw!r} is out of range ({minimum} to {limit})"
-        )
-    return int(raw)
 
 
 CONFIG_RANGE_FIX = (
@@ -573,7 +522,8 @@ def to_finding(budget: Budget, details: dict[str, Any]) -> Finding:
 def check_kv_budget(ctx: Context, device_runtime: Any = None) -> Finding:
     """``device_runtime``: what answers ``is_available()`` and
     ``get_device_properties(0)`` (torch.cuda when None; a test passes a broken one)."""
-    from vllm_kunlun.doctor.model_path import inspect_path, read_config
+    from vllm_kunlun.checks.config_file import read_config
+    from vllm_kunlun.checks.model_path import inspect_path
 
     if not ctx.model:
         return Finding("kv_budget", "skip", "no --model given")
@@ -608,7 +558,7 @@ def check_kv_budget(ctx: Context, device_runtime: Any = None) -> Finding:
     tp = ctx.tensor_parallel_size
     weights, weights_source = weights_bytes_per_card(verdict.path, tp), "weight files"
     if weights is None:  # no files yet: from config.json, int8 for a W8A8 config
-        from vllm_kunlun.doctor.weights import estimate_weights
+        from vllm_kunlun.checks.weights import estimate_weights
 
         from_config = estimate_weights(config)
         if from_config is not None:
@@ -645,8 +595,8 @@ def check_kv_budget(ctx: Context, device_runtime: Any = None) -> Finding:
 def with_attention_path(finding: Finding, shape: ModelShape, page: int) -> Finding:
     """The finding with the page vLLM will pick, the kernel block and the backend that
     serves it on this host (``attention_path``); a page no kernel block fits fails."""
-    from vllm_kunlun.doctor.attention_path import attention_path
-    from vllm_kunlun.platforms.kunlun_defaults import DEFAULT_BLOCK_SIZE
+    from vllm_kunlun.attention import DEFAULT_BLOCK_SIZE
+    from vllm_kunlun.checks.attention_path import attention_path
 
     if not shape.attention_layers:
         return finding

@@ -1,15 +1,17 @@
-"""Let the doctor import vLLM modules that need ``vllm.config`` on torch 2.5.1.
+"""Let the checks import vLLM modules that need ``vllm.config`` on torch 2.5.1.
 
 ``register()`` applies the schema fix whenever vLLM resolves its platform; checks that
 import vLLM's model registry or sampler apply the same fix, and only that one (not the
 platform's other runtime patches), in case the doctor's process has not resolved a
-platform yet.
+platform yet. The fix is reached through ``patching`` (checks sit below platforms).
 """
 
 from __future__ import annotations
 
-from vllm_kunlun.platforms.runtime_fixes import apply_schema_fix
+from vllm_kunlun import envs
+from vllm_kunlun.patching import schema
 
 
 def ensure_vllm_importable() -> None:
-    apply_schema_fix()
+    if envs.VLLM_KUNLUN_SCHEMA_FIX:
+        schema.apply()

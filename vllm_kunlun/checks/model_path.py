@@ -16,8 +16,8 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
-from vllm_kunlun.doctor.config_file import ConfigFileError, read_json_object
-from vllm_kunlun.doctor.finding import Context, Finding
+from vllm_kunlun.checks.config_file import ConfigFileError, read_config
+from vllm_kunlun.checks.finding import Context, Finding
 
 MAX_SUGGESTIONS = 3
 
@@ -112,12 +112,6 @@ def missing_path_message(
     return cause, fix
 
 
-def read_config(path: str) -> dict[str, Any]:
-    """``path``/config.json, size-capped, regular files only, read once per run
-    (see ``config_file``); ConfigFileError names the file and why."""
-    return read_json_object(os.path.join(path, "config.json"))
-
-
 def architectures_of(config: dict[str, Any]) -> list[str]:
     """The ``architectures`` list; ConfigFileError when it is not a list of names
     (a plain string would otherwise read as a list of letters)."""
@@ -138,7 +132,7 @@ def architectures_of(config: dict[str, Any]) -> list[str]:
 
 def vllm_architectures() -> set[str]:
     """Architectures vLLM 0.15.1 can load (its model registry)."""
-    from vllm_kunlun.doctor.vllm_import import ensure_vllm_importable
+    from vllm_kunlun.checks.vllm_import import ensure_vllm_importable
 
     ensure_vllm_importable()
     from vllm.model_executor.models.registry import ModelRegistry

@@ -21,6 +21,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from vllm_kunlun.checks.config_file import config_int
+
 # The log's model family, Qwen3.5-27B (the checkpoint served was its W8A8-INT8-Dynamic
 # quantization). Sources: issue 9 of this project (64 layers, 48 Gated DeltaNet; GDN 16
 # key / 48 value heads of 128, conv kernel 4; 4 KV heads of 256); the public model
@@ -81,8 +83,6 @@ def _text(config: Mapping[str, Any]) -> Mapping[str, Any]:
 def _int(text: Mapping[str, Any], key: str, default: Any = None) -> int:
     """A range-checked dimension (ConfigRangeError names it): 1e30 layers would
     otherwise build a 1e30-entry list."""
-    from vllm_kunlun.doctor.budget import config_int
-
     return config_int(text, key, "", default)
 
 

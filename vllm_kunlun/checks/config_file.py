@@ -1,4 +1,5 @@
-"""Reading a model's ``config.json`` for the doctor: bounded, regular files only, once.
+"""Reading a model's ``config.json`` for the checks: bounded, regular files only, once;
+and its integer fields, range-checked (``config_int``), for the budget and the weights.
 
 Why: the doctor runs on whatever directory it is pointed at. A multi-GiB file named
 config.json must not be read whole (twice: ``model_path`` and ``kv_budget`` both need
@@ -11,8 +12,10 @@ a changed file is read again). Every refusal names the file and why.
 from __future__ import annotations
 
 import json
+import math
 import os
 import stat
+from collections.abc import Mapping
 from typing import Any
 
 MAX_CONFIG_BYTES = 16 << 20
@@ -76,3 +79,66 @@ def read_json_object(path: str, limit: int = MAX_CONFIG_BYTES) -> dict[str, Any]
         _CACHE.pop(next(iter(_CACHE)))
     _CACHE[key] = value
     return value
+
+
+def read_config(path: str) -> dict[str, Any]:
+    """``path``/config.json, size-capped, regular files only, read once per run
+    (see ``config_file``); ConfigFileError names the file and why."""
+    return read_json_object(os.path.join(path, "config.json"))
+
+
+class ConfigRangeError(ValueError):
+    """A model config value the budget cannot use (missing, not an integer, out of
+    range); the message names the field."""
+
+
+CONFIG_LIMITS: dict[str, int] = {
+    "num_hidden_layers": 4096,
+    "full_attention_interval": 4096,
+    "num_attention_heads": 4096,
+    "num_key_value_heads": 4096,
+    "head_dim": 65536,
+    "hidden_size": 1 << 20,
+    "intermediate_size": 1 << 22,
+    "vocab_size": 1 << 24,
+    "linear_num_key_heads": 4096,
+    "linear_num_value_heads": 4096,
+    "linear_key_head_dim": 65536,
+    "linear_value_head_dim": 65536,
+    "linear_conv_kernel_dim": 1024,
+}
+"""Upper bounds far above any real model (the largest today have ~200 layers, hidden
+sizes of tens of thousands, vocabularies of ~1M): a value above one is a broken or
+hostile config, not a model."""
+_DEFAULT_LIMIT = 1 << 24
+
+
+def config_key(nested: str, key: str) -> str:
+    return f"{nested}.{key}" if nested else key
+
+
+def config_int(
+    section: Mapping[str, Any],
+    key: str,
+    nested: str = "",
+    default: Any = None,
+    minimum: int = 1,
+) -> int:
+    """``section[key]`` as an int in [minimum, CONFIG_LIMITS[key]], or ConfigRangeError
+    naming the field (``nested`` is the section's name, e.g. "text_config")."""
+    name = config_key(nested, key)
+    if key not in section and default is None:
+        raise ConfigRangeError(f"config.json: {name} is missing")
+    raw = section.get(key, default)
+    if raw is None and default is not None:
+        raw = default
+    if isinstance(raw, float) and not math.isfinite(raw):
+        raise ConfigRangeError(f"config.json: {name} = {raw!r} is not a finite integer")
+    if isinstance(raw, bool) or not isinstance(raw, (int, float)) or raw != int(raw):
+        raise ConfigRangeError(f"config.json: {name} = {raw!r:.60} is not an integer")
+    limit = CONFIG_LIMITS.get(key, _DEFAULT_LIMIT)
+    if not minimum <= raw <= limit:
+        raise ConfigRangeError(
+            f"config.json: {name} = {raw!r} is out of range ({minimum} to {limit})"
+        )
+    return int(raw)
