@@ -3,7 +3,7 @@
 KunlunPlatform is active through the test-only torch_xmlir (8 devices), on the CPU:
 vLLM builds its engine config exactly as on a P800 host. The test venv's vLLM is left
 unpatched (docs/patches.md), so the graph path is checked on a patched copy of it put
-first on a child's path (the refusal on the unpatched venv: tests/unit/test_graphs.py).
+first on a child's path (the refusal on the unpatched venv: tests/unit/platforms/test_graphs.py).
 
 The compile half of the graph path also runs for real on the CPU: host emulation with
 the model compiled as KunlunPlatform compiles it (VLLM_COMPILE, eager backend, attention

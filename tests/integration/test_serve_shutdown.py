@@ -10,7 +10,7 @@ the clients wait out their timeouts and so does the server ("Waiting for connect
 close"): this test then fails at the exit deadline, with the server's log tail.
 
 SIGTERM reaches the same vLLM handler and the same patch; it, the second Ctrl-C and the
-deadline kill are tested in tests/unit/test_serve_shutdown_signals.py (no second engine
+deadline kill are tested in tests/unit/guards/test_shutdown_signals.py (no second engine
 start). Everything is bounded: clients by their timeout, the stop by the deadline below.
 """
 

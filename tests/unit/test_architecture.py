@@ -36,7 +36,9 @@ def documented_table() -> list[tuple[str, set[str]]]:
 
 
 def documented_rules() -> dict[str, set[str]]:
-    return {layer: allowed | {layer, "foundation"} for layer, allowed in documented_table()}
+    return {
+        layer: allowed | {layer, "foundation"} for layer, allowed in documented_table()
+    }
 
 
 def imports() -> list[tuple[str, str, str]]:
@@ -105,11 +107,29 @@ def test_the_import_graph_has_no_loop() -> None:
         state[node] = 1
         for nxt in sorted(arrows.get(node, ())):
             if state.get(nxt) == 1:
-                return path + [node, nxt]
-            if nxt not in state and (loop := visit(nxt, path + [node])):
+                return [*path, node, nxt]
+            if nxt not in state and (loop := visit(nxt, [*path, node])):
                 return loop
         state[node] = 2
         return []
 
     loops = [loop for n in sorted(arrows) if n not in state and (loop := visit(n, []))]
     assert loops == []
+
+
+HOUSE_TESTS = {
+    "test_architecture.py",
+    "test_entry_points.py",
+    "test_readme.py",
+    "test_register.py",
+    "test_vendor_isolation.py",
+}
+
+
+def test_unit_tests_are_laid_out_like_the_package() -> None:
+    """tests/unit/<layer>/ per layer of the table (benchmarks/ for the scripts of
+    benchmarks/); only the house-wide tests sit in tests/unit itself."""
+    unit = REPO / "tests" / "unit"
+    folders = {p.name for p in unit.iterdir() if (p / "__init__.py").is_file()}
+    assert folders - set(documented_rules()) - {"benchmarks"} == set()
+    assert {p.name for p in unit.glob("test_*.py")} == HOUSE_TESTS

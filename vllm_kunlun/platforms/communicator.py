@@ -11,7 +11,7 @@ the copy is an in-place update of an inference tensor outside InferenceMode and 
 logits all-gather of a tensor-parallel engine dies ("Inplace update to inference tensor
 outside InferenceMode is not allowed"). ``all_reduce``, ``broadcast``, ``send`` / ``recv``
 and ``reduce_scatter_tensor`` write through raw pointers and are unaffected (measured on
-torch 2.5.1, see tests/unit/test_communicator.py), and so is NCCL (Kunlun), which writes on
+torch 2.5.1, see tests/unit/platforms/test_communicator.py), and so is NCCL (Kunlun), which writes on
 the device stream. vLLM's CPU platform never meets this because its TP / PP groups use
 vllm._C's shared-memory collectives, which cannot load on torch 2.5.1.
 

@@ -80,7 +80,7 @@ def test_other_projects_setup_py_is_not_a_checkout(tmp_path: Path) -> None:
 
 def test_this_repository_is_an_editable_install() -> None:
     """The real package, run from this checkout (the dev venv installs it editable)."""
-    repo = Path(__file__).resolve().parents[2]
+    repo = Path(__file__).resolve().parents[3]
     f = check_source_sync(Context(cwd=str(repo / "tests")))
     assert f.details["source"] == str(repo / "vllm_kunlun")
     assert f.status == "ok", f

@@ -1,6 +1,6 @@
 """The native CPU sampler (torch.ops.vllm_kunlun.sample_rows, csrc/sampling_cpu.cpp).
 
-Judged like the portable kernel (tests/unit/test_sampler_portable.py): N draws of one
+Judged like the portable kernel (tests/unit/ops/test_sampler_portable.py): N draws of one
 row (an expanded row, no copy) against the independent float64 reference
 (tests/unit/sampler_reference.py) by Pearson's chi-square, failing at p < ALPHA = 1e-4,
 and never a token outside the reference's kept set. Every setting runs three ways: as

@@ -176,7 +176,7 @@ def test_every_check_is_documented() -> None:
     """docs/doctor.md and the schema name every check the doctor runs."""
     from pathlib import Path
 
-    docs = (Path(__file__).resolve().parents[2] / "docs" / "doctor.md").read_text()
+    docs = (Path(__file__).resolve().parents[3] / "docs" / "doctor.md").read_text()
     described = json_schema()["$defs"]["finding"]["properties"]["check"]["description"]
     for name, _ in checks_module.CHECKS:
         assert f"| `{name}` |" in docs, name

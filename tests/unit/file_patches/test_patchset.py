@@ -19,7 +19,7 @@ from vllm_kunlun.patching.patchset import (
     parse_patch,
 )
 
-SET_DIR = Path(__file__).resolve().parents[2] / "patches" / "vllm-0.15.1-torch-2.5.1"
+SET_DIR = Path(__file__).resolve().parents[3] / "patches" / "vllm-0.15.1-torch-2.5.1"
 
 HEADER = """# comment
 Patch: 01-demo
