@@ -1,6 +1,6 @@
 """Decode at the deployment log's scale: N concurrent sequences, a 151,936-token vocabulary.
 
-The log's throughput problem was decode at 256 concurrent requests: 32 output tok/s
+The log's throughput problem (docs/deployment-log.md D11) was decode at 256 concurrent requests: 32 output tok/s
 with vLLM's own sampler (its ``exponential_`` noise ran on the CPU), 3,201 once sampling
 stayed on the device. This benchmark reproduces that shape with vLLM's engine and the
 plugin: N requests (default 256) with short prompts and long outputs, random sampling

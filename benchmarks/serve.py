@@ -1,6 +1,6 @@
 """Online serving through the plugin: ``vllm serve`` driven by vLLM's ``vllm bench serve``.
 
-Why: the deployment log's job is a server at high concurrency measured by vLLM's own
+Why: the deployment log's job (docs/deployment-log.md) is a server at high concurrency measured by vLLM's own
 client, not the offline engine; latency (TTFT, TPOT) and throughput move differently
 with concurrency, so each level is its own run against the same server. What the log
 learned is kept: the random dataset always gets explicit input / output lengths (0.15.1's

@@ -1,7 +1,7 @@
 """Engine throughput through the plugin with vLLM's own ``vllm bench throughput``.
 
 Why: the number that matters is the engine's, measured by vLLM's own tool, with the
-plugin active: the deployment log's decode stall (32 output tok/s, fixed to 3201) only
+plugin active: the deployment log's decode stall (docs/deployment-log.md D11: 32 output tok/s, fixed to 3201) only
 showed there. Two traps this script removes:
 - in vLLM 0.15.1 the random dataset's ``--random-input-len`` / ``--random-output-len``
   default to 1024 / 128 and silently win over fixed-length arguments, so both are

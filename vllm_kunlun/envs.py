@@ -122,7 +122,7 @@ EMULATION_KV_CACHE_GIB_MAX = 1024.0
 # 64 Ki siblings of one request: far above any engine's max_num_seqs; more is a typo
 # that brings back the unbounded fan-out the limit exists for.
 MAX_N_UPPER = 65536
-# 1 MiB: one 16-token block of every attention layer of the deployment log's 27B model
+# 1 MiB: one 16-token block of every attention layer of the deployment log's 27B model (docs/deployment-log.md)
 # (16 layers x 16 tokens x 4 KV heads x 256 x K and V x 2 bytes). Less is no cache
 # worth serving, and a value like 1e-320 rounds to 0 bytes, which vLLM then reports as
 # a --gpu-memory-utilization problem.

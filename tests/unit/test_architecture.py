@@ -133,3 +133,34 @@ def test_unit_tests_are_laid_out_like_the_package() -> None:
     folders = {p.name for p in unit.iterdir() if (p / "__init__.py").is_file()}
     assert folders - set(documented_rules()) - {"benchmarks"} == set()
     assert {p.name for p in unit.glob("test_*.py")} == HOUSE_TESTS
+
+
+_OTHER_PROJECTS = ("flashinfer's", "vLLM's tree", "upstream's")
+_CITED = re.compile(r"\b((?:docs|tests|benchmarks|scripts)/[\w./-]*\w\.(?:md|py|sh))\b")
+
+
+def test_every_file_the_code_and_docs_cite_is_in_the_repository() -> None:
+    """A reader must be able to follow a reference: each ``docs/...md``,
+    ``tests/...py`` or script path named in the package, the tests, the benchmarks,
+    the docs or the README exists, and nothing points outside the repository."""
+    sources = [REPO / "README.md", *(REPO / "docs").glob("*.md")]
+    for top in ("vllm_kunlun", "tests", "benchmarks", "scripts"):
+        sources += [p for p in (REPO / top).rglob("*") if p.suffix in {".py", ".sh"}]
+    missing, outside = [], []
+    for path in sources:
+        if path == Path(__file__).resolve():
+            continue
+        text = path.read_text()
+        rel = path.relative_to(REPO)
+        if "shared/reference" in text or "../shared" in text:
+            outside.append(str(rel))
+        for m in _CITED.finditer(text):
+            cited = m.group(1)
+            around = text[max(0, m.start() - 40) : m.end() + 20]
+            if any(other in around for other in _OTHER_PROJECTS):
+                continue  # a file of another project, named as such
+            here = (path.parent / cited).resolve()
+            if not (REPO / cited).exists() and not here.exists():
+                missing.append(f"{rel}: {cited}")
+    assert outside == []
+    assert missing == []

@@ -1,6 +1,6 @@
 """Check 7: per-card memory budget: weights, KV cache, linear-attention state, headroom.
 
-What happened (deployment log, 27B W8A8 hybrid model, TP 8, 256 concurrent requests):
+What happened (docs/deployment-log.md D12: 27B W8A8 hybrid model, TP 8, 256 concurrent requests):
 at ``--gpu-memory-utilization 0.9`` vLLM's KV pre-allocation filled 86.24 GiB per card
 and allocating the 4.69 GiB GDN (gated delta net) state for 256 running sequences ran
 out of memory on all 8 cards; 0.75 (KV about 72 GiB, about 24 GiB left) worked.

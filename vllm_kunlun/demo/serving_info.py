@@ -3,7 +3,8 @@ kernels of quantized linear layers.
 
 Why: the demo, the benchmark and the tests must report what ran, not what should have
 run: a silent fallback (a different attention backend, vLLM's own sampler instead of
-ours) is exactly the kind of failure the deployment log lost days to. The answer has to
+ours) is exactly the kind of failure the deployment log lost days to
+(docs/deployment-log.md D11). The answer has to
 come from the worker process, where the model runner lives, so this is a vLLM worker
 extension (``worker_extension_cls``): ``llm.collective_rpc(SERVING_INFO_METHOD)``.
 """

@@ -1,5 +1,5 @@
 """The doctor's checks, in report order: one small function per failure class of the
-deployment log, each in the module of its family. Engine-start guards
+deployment log (docs/deployment-log.md), each in the module of its family. Engine-start guards
 (vllm_kunlun/guards/) reuse the same functions."""
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Check 4: the vendor op API contract (ops/contract.py) against the installed vendor
 libraries' real signatures.
 
-The deployment log's "11 missing ops, 3 keyword mismatches" (kunlun_ops 0.1.58 under a
+The deployment log's "11 missing ops, 3 keyword mismatches" (docs/deployment-log.md, D9) (kunlun_ops 0.1.58 under a
 newer plugin source) only showed up as crashes deep in model execution. Here each declared
 function is looked up and each keyword we pass is matched against what the function
 accepts. Vendor functions come in three kinds, read in this order:

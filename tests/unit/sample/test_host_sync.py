@@ -30,7 +30,7 @@ from vllm_kunlun.sample.topk_topp import KunlunTopKTopPSampler
 
 aten = torch.ops.aten
 DEVICE = torch.device("meta")
-BATCH, VOCAB = 256, 151_936  # the deployment log's decode step
+BATCH, VOCAB = 256, 151_936  # the deployment log's decode step (docs/deployment-log.md D11)
 
 _SYNC_OPS = {
     aten._local_scalar_dense.default: ".item() / bool() / int() / .tolist()",
