@@ -2,7 +2,8 @@
 arguments it passes.
 
 One manifest, read by the doctor (which compares it with the installed vendor library's
-real signatures: the deployment log's "11 missing ops, 3 keyword mismatches" case) and
+real signatures: the deployment log's "11 missing ops, 3 keyword mismatches" case,
+docs/deployment-log.md D9; the call forms: docs/vendor-calls.md) and
 by the tests (which check that the plugin calls nothing that is not declared here).
 Keys: vendor module -> function name -> keyword arguments we pass.
 """
