@@ -1,10 +1,14 @@
 """The geometry matrix on the portable kernels: Qwen3.5 hybrids whose attention page
-is not a power of two (48 and 400 tokens), at tensor parallel 1, 2 and 4 in host
-emulation, greedy token for token equal to transformers 5.2.0.
+is not a power of two (48 and 400 tokens) in host emulation, greedy token for token
+equal to transformers 5.2.0: the narrow heads at TP 1, the log's 27B heads at TP 4
+(one KV head a rank, as at the log's TP 8). The vendor module
+(test_e2e_hybrid_geometry_vendor.py) runs the other half: the 27B heads at TP 1 and
+the narrow heads at TP 2, so each geometry runs on each path, at TP 1 and above.
 
-One engine per configuration (module-scoped), each in its own interpreter; the
-transformers reference of each geometry is computed once, beside its first engine.
-The tiny checkpoint's own geometry (16-token pages) is test_e2e_hybrid.py's.
+One engine per configuration (module-scoped), each in its own interpreter, with its
+transformers reference beside it. An engine at TP N is N + 2 processes that each import
+vLLM (about a minute a process on the 2-core CI), so the matrix is kept to the cases
+that differ; the tiny checkpoint's own geometry (16-token pages) is test_e2e_hybrid.py's.
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ from tests.integration.test_e2e_emulation import EMULATION
 pytestmark = pytest.mark.slow
 
 # (geometry, tensor parallel size); the first of each geometry carries its reference.
-CONFIGS = [("narrow", 1), ("log27b", 2), ("log27b", 4), ("narrow", 2)]
+CONFIGS = [("narrow", 1), ("log27b", 4)]
 PORTABLE_IMPL = "vllm_kunlun.attention.backend.PortableAttentionImpl"
 
 
@@ -70,7 +74,7 @@ def test_page_chunks_and_prefix_hits(
 
 def test_the_references_are_not_degenerate(runs: dict[tuple[str, int], dict]) -> None:
     for geometry in geo.GEOMETRIES:
-        greedy = runs[(geometry, 1 if geometry == "narrow" else 2)]["reference"]
+        greedy = runs[(geometry, 1 if geometry == "narrow" else 4)]["reference"]
         rows = greedy["greedy"]
         assert all(len(set(r["token_ids"])) >= 4 for r in rows), rows
         assert len({tuple(r["token_ids"]) for r in rows}) == len(rows)
