@@ -43,7 +43,7 @@ WIDE = {
 
 @pytest.fixture(scope="module", autouse=True)
 def patch_set_applied() -> None:
-    from vllm_kunlun.patching import engine
+    from vllm_kunlun.file_patches import engine
 
     report = engine.inspect_tree()
     if report.pair_problem is None and report.applied != report.total:

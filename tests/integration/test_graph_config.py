@@ -25,7 +25,7 @@ from tests.conftest import FAKES, run_python
 from tests.integration.test_engine_config import TINY_QWEN3
 from tests.integration.test_patch_engine import SET_DIR, copy_tree, installed_root
 from vllm_kunlun.demo.tiny_model import write_tiny_model
-from vllm_kunlun.patching import engine
+from vllm_kunlun.file_patches import engine
 
 pytestmark = pytest.mark.slow
 

@@ -18,7 +18,7 @@ from tests.integration.test_patch_engine import (
     sha,
     snapshot,
 )
-from vllm_kunlun.patching import engine
+from vllm_kunlun.file_patches import engine
 
 
 @pytest.fixture

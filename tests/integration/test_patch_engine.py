@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from vllm_kunlun.patching import engine, fsops
-from vllm_kunlun.patching.errors import (
+from vllm_kunlun.file_patches import engine, fsops
+from vllm_kunlun.file_patches.errors import (
     LockBusy,
     PairMismatch,
     PatchFailed,
@@ -25,7 +25,7 @@ from vllm_kunlun.patching.errors import (
     PatchSetError,
     RollbackFailed,
 )
-from vllm_kunlun.patching.patchset import load_patch_set
+from vllm_kunlun.file_patches.patchset import load_patch_set
 
 SET_DIR = Path(__file__).resolve().parents[2] / "patches" / "vllm-0.15.1-torch-2.5.1"
 PATCH_SET = load_patch_set(SET_DIR)

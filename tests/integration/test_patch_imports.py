@@ -18,7 +18,7 @@ import pytest
 
 from tests.conftest import run_python
 from tests.integration.test_patch_engine import SET_DIR, copy_tree, installed_root
-from vllm_kunlun.patching import engine
+from vllm_kunlun.file_patches import engine
 
 pytestmark = pytest.mark.slow
 

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 SUBCOMMAND_MODULES = (
     "vllm_kunlun.doctor.cli",
     "vllm_kunlun.cli.versions",
-    "vllm_kunlun.patching.cli",
+    "vllm_kunlun.file_patches.cli",
     "vllm_kunlun.demo.cli",
 )
 

@@ -1,7 +1,7 @@
 """Check 5: the patch_torch251 file patch set for the installed vLLM / torch pair.
 
 The log's verification after the rollback was "patch_torch251: 11 applied | 0 failed";
-here the patch engine (vllm_kunlun.patching.engine) reports each patch of the set as
+here the patch engine (vllm_kunlun.file_patches.engine) reports each patch of the set as
 applied, not applied, or drifted (the file matches neither the pre-patch nor the patched
 sha256 of the manifest: edited by hand or by another tool). The torch-level runtime
 fixes that stand in for file patches (``schema_pep585``, ``torch_wrap_triton``) are
@@ -22,7 +22,7 @@ RuntimeFixes = Callable[[], dict[str, str]]
 
 
 def _engine_summary() -> tuple[int, int, dict[str, str]]:
-    from vllm_kunlun.patching import engine
+    from vllm_kunlun.file_patches import engine
 
     return engine.status_summary()
 
@@ -67,7 +67,7 @@ def check_patchset(
 
 
 def _check_files(summary: Summary) -> Finding:
-    from vllm_kunlun.patching.errors import PairMismatch, PatchError
+    from vllm_kunlun.file_patches.errors import PairMismatch, PatchError
 
     try:
         applied, total, states = summary()

@@ -56,8 +56,8 @@ def schema_gap() -> str | None:
 
     if not schema.needed():
         return None
-    from vllm_kunlun.patching import engine
-    from vllm_kunlun.patching.errors import PatchError
+    from vllm_kunlun.file_patches import engine
+    from vllm_kunlun.file_patches.errors import PatchError
 
     try:
         applied, total, _ = engine.status_summary()

@@ -85,7 +85,7 @@ def missing_patches(
     """(patch ids torch.compile needs that are not applied, why they could not be
     checked). Empty when the installed vLLM / torch pair is not the set's: other
     pairs do not need it (the version guard reports unvalidated stacks)."""
-    from vllm_kunlun.patching import engine
+    from vllm_kunlun.file_patches import engine
 
     needed = [*COMPILE_PATCHES, *([INDUCTOR_PATCH] if backend == "inductor" else [])]
     try:

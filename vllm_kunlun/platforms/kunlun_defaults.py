@@ -52,7 +52,7 @@ def default_worker(vllm_config: VllmConfig, worker_cls: str, why: str) -> None:
 
 
 def apply_kunlun_defaults(vllm_config: VllmConfig) -> None:
-    from vllm_kunlun.patching.engine import warn_if_not_applied
+    from vllm_kunlun.file_patches.engine import warn_if_not_applied
     from vllm_kunlun.platforms.runtime_fixes import warn_if_general_plugin_filtered
 
     warn_if_not_applied()  # once per process; names the fix `vllm-kunlun patch apply`

@@ -10,8 +10,8 @@ import pytest
 
 from vllm_kunlun.checks.finding import Context
 from vllm_kunlun.doctor.patchset import check_patchset
-from vllm_kunlun.patching import engine
-from vllm_kunlun.patching.patchset import load_patch_set
+from vllm_kunlun.file_patches import engine
+from vllm_kunlun.file_patches.patchset import load_patch_set
 
 
 @pytest.fixture

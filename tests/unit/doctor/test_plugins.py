@@ -103,7 +103,8 @@ def test_import_gap_is_only_asked_when_the_platform_plugin_is_out() -> None:
 def test_schema_gap_follows_the_patch_set(
     monkeypatch: pytest.MonkeyPatch, applied: int, gap: bool
 ) -> None:
-    from vllm_kunlun.patching import engine, schema
+    from vllm_kunlun.file_patches import engine
+    from vllm_kunlun.patching import schema
 
     if not schema.needed():
         pytest.skip("torch >= 2.6 infers these schemas itself")

@@ -23,8 +23,8 @@ import pytest
 
 from tests.conftest import REPO, child_env
 from vllm_kunlun import cli
-from vllm_kunlun.patching import engine, fsops, patchset
-from vllm_kunlun.patching.errors import LockBusy, PatchRefused, PatchSetError
+from vllm_kunlun.file_patches import engine, fsops, patchset
+from vllm_kunlun.file_patches.errors import LockBusy, PatchRefused, PatchSetError
 
 PRISTINE = "one\ntwo\nthree\n"
 TARGETS = ("vllm/a.py", "vllm/sub/b.py", "vllm/sub/c.py")
@@ -247,7 +247,7 @@ def test_a_killed_apply_is_reported_and_a_rerun_completes_it(
     temp file; the next apply removes it and completes the set."""
     code = f"""
         import os, signal
-        from vllm_kunlun.patching import engine
+        from vllm_kunlun.file_patches import engine
         real, calls = os.replace, []
         def replace(src, dst):
             calls.append(dst)

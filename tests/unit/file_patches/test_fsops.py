@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from vllm_kunlun.patching import fsops
-from vllm_kunlun.patching.errors import LockBusy
+from vllm_kunlun.file_patches import fsops
+from vllm_kunlun.file_patches.errors import LockBusy
 
 
 def _leftovers(directory: Path) -> list[str]:

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from vllm_kunlun.patching.errors import PatchSetError
-from vllm_kunlun.patching.patchset import (
+from vllm_kunlun.file_patches.errors import PatchSetError
+from vllm_kunlun.file_patches.patchset import (
     HunkMismatch,
     apply_hunks,
     default_set_dir,

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from vllm.config import CompilationConfig, CUDAGraphMode, VllmConfig
 
-from vllm_kunlun.patching import engine
+from vllm_kunlun.file_patches import engine
 from vllm_kunlun.platforms import graphs
 from vllm_kunlun.platforms.emulation import KunlunHostEmulationPlatform
 from vllm_kunlun.platforms.kunlun import KunlunPlatform

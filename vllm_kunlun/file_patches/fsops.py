@@ -28,7 +28,7 @@ import time
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
-from vllm_kunlun.patching.errors import LockBusy
+from vllm_kunlun.file_patches.errors import LockBusy
 
 TMP_SUFFIX = ".vllm-kunlun-tmp"
 LOCK_NAME = ".vllm-kunlun-patch.lock"

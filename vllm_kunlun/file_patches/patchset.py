@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from vllm_kunlun import envs
-from vllm_kunlun.patching.errors import PatchSetError
+from vllm_kunlun.file_patches.errors import PatchSetError
 
 SET_DIR_NAME = "vllm-0.15.1-torch-2.5.1"
 MANIFEST = "manifest.json"

@@ -65,8 +65,8 @@ def add_parser(sub: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from vllm_kunlun.patching import engine
-    from vllm_kunlun.patching.errors import PatchError, RollbackFailed
+    from vllm_kunlun.file_patches import engine
+    from vllm_kunlun.file_patches.errors import PatchError, RollbackFailed
 
     kwargs = {"root": args.root, "patch_dir": args.patches}
     try:
@@ -161,7 +161,7 @@ def _emit(args: argparse.Namespace, payload: dict[str, Any], text: str) -> None:
 
 
 def _render_status(report: Any, args: argparse.Namespace) -> str:
-    from vllm_kunlun.patching.engine import patch_command
+    from vllm_kunlun.file_patches.engine import patch_command
     from vllm_kunlun.versions import reinstall_vllm
 
     apply_cmd = patch_command("apply", args.root, args.patches)

@@ -30,8 +30,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from vllm_kunlun.patching import fsops
-from vllm_kunlun.patching.errors import (
+from vllm_kunlun.file_patches import fsops
+from vllm_kunlun.file_patches.errors import (
     PairMismatch,
     PatchError,
     PatchFailed,
@@ -39,7 +39,7 @@ from vllm_kunlun.patching.errors import (
     PatchSetError,
     RollbackFailed,
 )
-from vllm_kunlun.patching.patchset import (
+from vllm_kunlun.file_patches.patchset import (
     Patch,
     PatchSet,
     apply_file_patches,
