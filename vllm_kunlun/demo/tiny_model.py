@@ -18,7 +18,7 @@ import math
 import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 SEED = 20260815
 FORMAT_VERSION = 2  # 2: the tokenizer has a chat template (weights unchanged)
@@ -118,10 +118,10 @@ def vocabulary(size: int | None = None) -> list[str]:
     return words + [f"<|extra_{i}|>" for i in range(size - len(words))]
 
 
-def _config(spec: TinyQwen3Spec, vocab_size: int) -> dict:
+def decoder_fields(spec: Any, vocab_size: int) -> dict[str, Any]:
+    """The decoder dimensions every tiny checkpoint's config.json states alike (Qwen3
+    and Qwen3.5 name them the same), from a spec with those attributes."""
     return {
-        "architectures": ["Qwen3ForCausalLM"],
-        "model_type": "qwen3",
         "vocab_size": vocab_size,
         "hidden_size": spec.hidden_size,
         "intermediate_size": spec.intermediate_size,
@@ -132,6 +132,14 @@ def _config(spec: TinyQwen3Spec, vocab_size: int) -> dict:
         "hidden_act": "silu",
         "max_position_embeddings": spec.max_position_embeddings,
         "rms_norm_eps": spec.rms_norm_eps,
+    }
+
+
+def _config(spec: TinyQwen3Spec, vocab_size: int) -> dict:
+    return {
+        "architectures": ["Qwen3ForCausalLM"],
+        "model_type": "qwen3",
+        **decoder_fields(spec, vocab_size),
         "rope_theta": spec.rope_theta,
         "rope_scaling": None,
         "attention_bias": False,

@@ -25,7 +25,7 @@ import json
 import math
 from dataclasses import asdict, dataclass
 
-from vllm_kunlun.demo.tiny_model import SEED
+from vllm_kunlun.demo.tiny_model import SEED, decoder_fields
 
 FORMAT_VERSION = 1
 LAYOUTS = ("causal", "composite")
@@ -94,16 +94,7 @@ class TinyQwen3_5Spec:
 def _text_config(spec: TinyQwen3_5Spec, vocab_size: int) -> dict:
     return {
         "model_type": "qwen3_5_text",
-        "vocab_size": vocab_size,
-        "hidden_size": spec.hidden_size,
-        "intermediate_size": spec.intermediate_size,
-        "num_hidden_layers": spec.num_hidden_layers,
-        "num_attention_heads": spec.num_attention_heads,
-        "num_key_value_heads": spec.num_key_value_heads,
-        "head_dim": spec.head_dim,
-        "hidden_act": "silu",
-        "max_position_embeddings": spec.max_position_embeddings,
-        "rms_norm_eps": spec.rms_norm_eps,
+        **decoder_fields(spec, vocab_size),
         "rope_parameters": {
             "rope_type": "default",
             "rope_theta": spec.rope_theta,
