@@ -5,7 +5,7 @@ and an engine that never stops is killed at the deadline.
 
 The child serves a FastAPI app whose handlers wait on per-request queues the way vLLM's
 wait on a stopped engine (only an error ever arrives), with a ``sleep`` child process as
-its engine core. tests/integration/test_serve_shutdown.py drives the same patch through
+its engine core. tests/integration/test_serve.py drives the same patch through
 a real ``vllm serve`` with SIGINT; SIGTERM takes the same handler (vLLM installs one
 function for both), tested here without a second engine start.
 """
