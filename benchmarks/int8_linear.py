@@ -41,7 +41,7 @@ from vllm_kunlun.checks.weights import (  # noqa: E402
     int8_linear_bytes,
     linear_layers,
 )
-from vllm_kunlun.ops import int8_mm_portable as portable  # noqa: E402
+from vllm_kunlun.ops.int8 import portable  # noqa: E402
 
 TP = 8
 # (name, out, in) per card at TP 8; column-parallel: out / 8, row-parallel: in / 8.

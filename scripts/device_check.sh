@@ -46,7 +46,7 @@ EOF
 step "portable paged attention on CUDA (pytest -m device)"
 # --noconftest: the shared conftest may import vLLM; these tests need torch only.
 "$PY" -m pytest -q -p no:cacheprovider --noconftest -m device \
-  tests/unit/attention/test_paged.py 2>&1 | tee "$OUT/attention.log" || status=1
+  tests/unit/ops/test_attention_paged_portable.py 2>&1 | tee "$OUT/attention.log" || status=1
 
 if ! "$PY" -c 'import sys, torch; sys.exit(not torch.cuda.is_available())'; then
   echo "no CUDA device visible to torch: nothing more to check" | tee "$OUT/engine_skipped.txt"

@@ -56,7 +56,7 @@ def _triton() -> None:
 def _decode_agrees(kernel: Any, slots: list[int], seed: int) -> None:
     """One decode step of len(slots) sequences through ``kernel`` (vLLM's signature)
     against the portable recurrence: outputs and the state pool after."""
-    from vllm_kunlun.ops import gdn_portable
+    from vllm_kunlun.ops.gdn import portable as gdn_portable
 
     x = _inputs([1] * len(slots), seed=seed)
     pool = torch.randn(len(slots) + 2, 4, 64, 64, device=DEVICE)
@@ -83,7 +83,7 @@ def test_vllms_triton_chunked_rule_matches_portable() -> None:
     _triton()
     from vllm.model_executor.layers.fla.ops import chunk_gated_delta_rule
 
-    from vllm_kunlun.ops import gdn_portable
+    from vllm_kunlun.ops.gdn import portable as gdn_portable
 
     x = _inputs([1, 63, 130])
     args = (x["q"], x["k"], x["v"], x["g"], x["beta"])
@@ -115,7 +115,7 @@ def test_vendor_decode_kernel_matches_portable(monkeypatch: pytest.MonkeyPatch) 
         pytest.skip("this is the test fake of kunlun_ops, not the vendor library")
     from vllm.model_executor.models import qwen3_next
 
-    from vllm_kunlun.ops import gdn
+    from vllm_kunlun.ops.gdn import seam as gdn
 
     monkeypatch.setenv("VLLM_KUNLUN_GDN", "vendor")
     gdn.reset()

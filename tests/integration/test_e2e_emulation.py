@@ -19,7 +19,7 @@ import pytest
 from tests.conftest import REPO, child_env, run_python
 from vllm_kunlun.demo.run import DEFAULT_PROMPTS
 from vllm_kunlun.demo.tiny_model import vocabulary, write_tiny_model
-from vllm_kunlun.ops import sampling_native
+from vllm_kunlun.ops.sampling import native_cpu as sampling_native
 
 pytestmark = pytest.mark.slow
 

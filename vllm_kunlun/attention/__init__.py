@@ -154,8 +154,8 @@ def select_kunlun(attn_selector_config: Any) -> tuple[str | None, str]:
     from vllm.utils.import_utils import resolve_obj_by_qualname
 
     from vllm_kunlun.ops import vendor
-    from vllm_kunlun.ops.attention import ATTENTION_KERNELS
-    from vllm_kunlun.ops.kernels import VENDOR_MODULE
+    from vllm_kunlun.ops.attention.paged_vendor import ATTENTION_KERNELS
+    from vllm_kunlun.ops.routes import VENDOR_MODULE
 
     for name in ATTENTION_KERNELS:
         fn, why = vendor.function(VENDOR_MODULE, name)

@@ -7,7 +7,7 @@ a Kunlun host when ``kunlun_ops`` has them (``platform.py``).
 
 How: the KV cache of a layer is ``[2, num_blocks, num_kv_heads, block_size,
 head_size]`` (BHLD halves, the kernels' layout). vLLM orders decodes first (reorder
-threshold 1); one step makes at most four calls per layer (``ops/attention.py``):
+threshold 1); one step makes at most four calls per layer (``ops/attention/paged_vendor.py``):
 ``reshape_and_cache_flash`` for the new tokens, ``paged_attention`` for the decodes,
 and ``prefill_attention`` for the rest, over the new tokens alone when no prefill has
 cached context, else over the paged cache (chunked prefill, prefix-cache hits, spec
@@ -49,8 +49,8 @@ from vllm_kunlun.attention.common import (
     PluginAttentionImpl,
 )
 from vllm_kunlun.logger import init_logger
-from vllm_kunlun.ops import attention as ops
-from vllm_kunlun.ops.kernels import Route
+from vllm_kunlun.ops.attention import paged_vendor as ops
+from vllm_kunlun.ops.routes import Route
 
 logger = init_logger(__name__)
 

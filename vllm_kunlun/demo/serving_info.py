@@ -66,12 +66,11 @@ class ServingInfo:
                 linear_kernels.add(_qualname(type(kernel)))
         int8 = None
         if any("vllm_kunlun" in str(k) for k in linear_kernels) and runner is not None:
-            from vllm_kunlun.ops.int8_mm import select_kernels as select_int8
+            from vllm_kunlun.ops.int8.seam import select_kernels as select_int8
 
             chosen_int8 = select_int8(runner.device)
             int8 = f"{chosen_int8.name} ({chosen_int8.reason})"
-        from vllm_kunlun.ops import custom_ops
-        from vllm_kunlun.ops import kernels as vendor_routes
+        from vllm_kunlun.ops import custom_ops, routes
 
         model = getattr(runner, "model", None)
         kernels = None
@@ -91,7 +90,7 @@ class ServingInfo:
             "sampling_kernels": kernels,
             # CustomOps replaced for the vendor kernels, and what each route served.
             "custom_ops": custom_ops.describe_model(model) if model is not None else {},
-            "vendor_kernels": vendor_routes.status(),
+            "vendor_kernels": routes.status(),
             **_graphs(self.vllm_config.compilation_config),  # type: ignore[attr-defined]
             "linear_kernels": sorted(k for k in linear_kernels if k),
             "int8_kernels": int8,

@@ -82,7 +82,7 @@ def no_host_sync(device: torch.device) -> Iterator[bool]:
 def run_probe(sampler: Any, device: torch.device, device_note: str) -> ProbeResult:
     """Sample with ``sampler`` (vLLM's TopKTopPSampler call signature) and draw
     spec-decode noise on ``device``; no host round trip, no ``exponential_``."""
-    from vllm_kunlun.sample.noise import exponential_noise
+    from vllm_kunlun.ops.sampling.noise import exponential_noise
 
     result = ProbeResult(str(device), device_note)
     gen = torch.Generator(device=device)
@@ -176,7 +176,7 @@ def check_sampler_path(ctx: Context) -> Finding:
 
     ensure_vllm_importable()
     from vllm_kunlun import envs
-    from vllm_kunlun.ops.sampling import select_kernels
+    from vllm_kunlun.ops.sampling.seam import select_kernels
     from vllm_kunlun.sample.patches import PATCHES
     from vllm_kunlun.sample.topk_topp import KunlunTopKTopPSampler
 

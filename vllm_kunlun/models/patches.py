@@ -146,7 +146,7 @@ def _check_kernel(op: str) -> Callable[[ModuleType, Any], str | None]:
 
 def _make_kernel(op: str) -> Callable[[Any], Any]:
     def make(original: Any) -> Any:
-        from vllm_kunlun.ops.gdn import dispatcher
+        from vllm_kunlun.ops.gdn.seam import dispatcher
 
         return dispatcher(op, original)
 
@@ -391,7 +391,7 @@ COPY_PATCHES = (
 
 def copy_needs_portable() -> tuple[bool, str]:
     from vllm_kunlun import envs
-    from vllm_kunlun.ops.gdn import triton_driver
+    from vllm_kunlun.ops.gdn.seam import triton_driver
 
     if envs.VLLM_KUNLUN_GDN == "portable":
         return True, "VLLM_KUNLUN_GDN=portable"

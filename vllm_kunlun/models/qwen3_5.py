@@ -10,7 +10,7 @@ How: vLLM's Qwen3-Next blocks are reused where Qwen3.5 is the same:
   Gemma-style RMSNorm; partial rotary, here M-RoPE with ``mrope_section``);
 - ``Qwen3NextGatedDeltaNet``'s core: the ``vllm::gdn_attention_core`` op and its
   ``_forward_core`` (conv, gating, chunked prefill, recurrent decode, state I/O on
-  vLLM's ``kv_cache`` views), whose kernels go through ``vllm_kunlun/ops/gdn.py``
+  vLLM's ``kv_cache`` views), whose kernels go through ``vllm_kunlun/ops/gdn/seam.py``
   (runtime patches in ``vllm_kunlun/models/patches.py``);
 - the state shape/dtype/copy calculators and the GDN attention backend.
 What differs and lives here: separate ``in_proj_qkv`` / ``in_proj_z`` / ``in_proj_b`` /

@@ -16,9 +16,9 @@ VENDOR_CONTRACT: dict[str, dict[str, tuple[str, ...]]] = {
         "_XMLIRC._xpu_get_devices_number": (),
     },
     "kunlun_ops": {
-        # vllm_kunlun/ops/sampling.py: flashinfer's API; probs is passed positionally.
+        # vllm_kunlun/ops/sampling/seam.py: flashinfer's API; probs is passed positionally.
         "top_k_top_p_sampling_from_probs": ("top_k", "top_p", "deterministic"),
-        # vllm_kunlun/ops/attention.py (the Kunlun attention backend). Keywords as
+        # vllm_kunlun/ops/attention/paged_vendor.py (the Kunlun attention backend). Keywords as
         # upstream passes them; the KV cache is BHLD: [num_blocks, kv_heads, block, dim].
         "reshape_and_cache_flash": ("BLHD_LAYOUT",),
         "paged_attention": (
@@ -46,7 +46,7 @@ VENDOR_CONTRACT: dict[str, dict[str, tuple[str, ...]]] = {
             "context_kvlen_lod_cpu",
             "context_kvlen_lod_xpu",
         ),
-        # vllm_kunlun/ops/norms.py: rmsnorm, gemma_rmsnorm and rms_norm_gated take
+        # vllm_kunlun/ops/custom_ops/norms_vendor.py: rmsnorm, gemma_rmsnorm and rms_norm_gated take
         # positional arguments only (upstream never names them).
         "rmsnorm": (),
         "add_rmsnorm": ("residual_output", "weight", "eps", "output"),
@@ -59,7 +59,7 @@ VENDOR_CONTRACT: dict[str, dict[str, tuple[str, ...]]] = {
             "store_output_before_norm",
         ),
         "rms_norm_gated": (),
-        # vllm_kunlun/ops/rotary.py
+        # vllm_kunlun/ops/custom_ops/rotary_vendor.py
         "rotary_embedding": (
             "positions",
             "query",
@@ -69,9 +69,9 @@ VENDOR_CONTRACT: dict[str, dict[str, tuple[str, ...]]] = {
             "is_neox",
         ),
         "mrotary_embedding_neox": (),
-        # vllm_kunlun/ops/activation.py
+        # vllm_kunlun/ops/custom_ops/activation_vendor.py
         "silu_and_mul": ("axis", "turn", "out"),
-        # vllm_kunlun/ops/int8_mm.py: W8A8 int8 linear (symmetric activations).
+        # vllm_kunlun/ops/int8/seam.py: W8A8 int8 linear (symmetric activations).
         "quant2d": ("x", "y", "max", "force_sdnn"),
         "matmul": (
             "x",
@@ -87,7 +87,7 @@ VENDOR_CONTRACT: dict[str, dict[str, tuple[str, ...]]] = {
             "x_pc_max",
             "w_pc_max",
         ),
-        # vllm_kunlun/ops/gdn.py: the GDN decode recurrence; q, k, v, g, beta, scale
+        # vllm_kunlun/ops/gdn/seam.py: the GDN decode recurrence; q, k, v, g, beta, scale
         # and the state pool are passed positionally.
         "fused_recurrent_gated_delta_rule_fwdv2": (
             "inplace_final_state",
@@ -101,7 +101,7 @@ VENDOR_CONTRACT: dict[str, dict[str, tuple[str, ...]]] = {
     # torch custom ops (torch.ops.xspeedgate_ops.*, registered on import), called
     # positionally with vLLM's _C signatures: only their presence is checked.
     "xspeedgate_ops": {
-        # vllm_kunlun/ops/int8_mm.py: static quantization, asymmetric activations.
+        # vllm_kunlun/ops/int8/seam.py: static quantization, asymmetric activations.
         "dynamic_scaled_int8_quant": (),
         "static_scaled_int8_quant": (),
         "cutlass_scaled_mm_azp": (),

@@ -8,7 +8,7 @@ paths take it that way), per-tensor weight scales of fused layers become one sca
 output channel, static activation scales / zero points are folded the way vLLM's
 kernels fold them, and the zero-point correction ``azp_adj`` (column sums of the
 weight, times the static zero point) is precomputed for asymmetric activations. Every
-forward is one call of ``torch.ops.vllm_kunlun.int8_scaled_mm`` (``ops/int8_mm.py``:
+forward is one call of ``torch.ops.vllm_kunlun.int8_scaled_mm`` (``ops/int8/seam.py``:
 vendor kernels on Kunlun, portable torch elsewhere).
 Registered by the runtime patch ``kunlun_int8_scaled_mm_kernel``
 (``quantization/patches.py``). Removal: when vLLM selects a working int8 kernel for
@@ -24,7 +24,7 @@ from vllm.model_executor.layers.quantization.kernels.scaled_mm.ScaledMMLinearKer
 )
 from vllm.model_executor.layers.quantization.utils import replace_parameter
 
-from vllm_kunlun.ops import int8_mm
+from vllm_kunlun.ops.int8 import seam as int8_mm
 
 
 def _param(t: torch.Tensor) -> torch.nn.Parameter:

@@ -5,8 +5,8 @@ Why: vLLM 0.15.1's ``sample_recovered_tokens`` draws its Exp(1) noise with
 step), and its random choices differ between TP ranks when their RNGs differ.
 How: the same algorithm with ``-log(U)`` noise from ``noise.exponential_noise`` (seeded
 requests with draft tokens draw with their generator, as upstream); then vLLM's own
-Triton kernel on a device, or an equivalent torch computation on the CPU (Triton needs a
-GPU). ``rejection_sample`` is wrapped so that TP rank 0's output is broadcast.
+Triton kernel on a device, or its torch form on the CPU (Triton needs a GPU;
+``ops/sampling/recovered_tokens.py``). ``rejection_sample`` is wrapped so that TP rank 0's output is broadcast.
 Removable when vLLM draws this noise without ``exponential_``.
 """
 
@@ -17,34 +17,9 @@ from typing import Any
 
 import torch
 
-from vllm_kunlun.sample.noise import exponential_noise
+from vllm_kunlun.ops.sampling.noise import exponential_noise
+from vllm_kunlun.ops.sampling.recovered_tokens import recovered_tokens_reference
 from vllm_kunlun.sample.tp import broadcast_from_first_rank
-
-
-def recovered_tokens_reference(
-    num_draft_tokens: list[int],
-    draft_token_ids: torch.Tensor,
-    draft_probs: torch.Tensor | None,
-    target_probs: torch.Tensor,
-    q: torch.Tensor,
-) -> torch.Tensor:
-    """Torch form of vLLM's ``sample_recovered_tokens_kernel`` (one row per token).
-
-    The recovered distribution is ``max(target - draft, 0)`` (``target`` without the
-    draft token when there are no draft probs); the token is ``argmax(prob / q)`` with
-    the request's Exp(1) noise ``q``, i.e. a sample from that distribution.
-    """
-    batch = len(num_draft_tokens)
-    counts = torch.tensor(num_draft_tokens, dtype=torch.int64, device=q.device)
-    request = torch.repeat_interleave(
-        torch.arange(batch, device=q.device), counts, output_size=sum(num_draft_tokens)
-    )
-    if draft_probs is None:
-        prob = target_probs.clone()
-        prob.scatter_(1, draft_token_ids.long().unsqueeze(1), 0.0)
-    else:
-        prob = (target_probs - draft_probs).clamp_(min=0.0)
-    return prob.div_(q[request]).argmax(dim=-1).to(draft_token_ids.dtype)
 
 
 def sample_recovered_tokens(

@@ -23,9 +23,9 @@ import torch
 import torch.nn as nn
 from vllm.v1.sample.ops.topk_topp_sampler import TopKTopPSampler
 
-from vllm_kunlun.ops import sampling_portable as portable
-from vllm_kunlun.ops.sampling import SamplingKernels, select_kernels
-from vllm_kunlun.sample.noise import row_uniforms
+from vllm_kunlun.ops.sampling import portable
+from vllm_kunlun.ops.sampling.noise import row_uniforms
+from vllm_kunlun.ops.sampling.seam import SamplingKernels, select_kernels
 from vllm_kunlun.sample.tp import broadcast_from_first_rank
 
 _PROCESSED = ("processed_logits", "processed_logprobs")

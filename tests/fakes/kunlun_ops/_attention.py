@@ -1,6 +1,6 @@
 """Fake paged-attention kernels: the KV-cache write, decode and prefill.
 
-Semantics as upstream uses them (see vllm_kunlun/ops/attention.py): BHLD caches
+Semantics as upstream uses them (see vllm_kunlun/ops/attention/paged_vendor.py): BHLD caches
 ``[num_blocks, kv_heads, block_size, head_size]``, scores scaled by 1/sqrt(head_size),
 GQA from the shapes, causal masks aligned to the end of each sequence, int32 lengths
 given as offsets on the host and on the device. Computed in float32 in plain torch.

@@ -1,6 +1,6 @@
 """Fake RMSNorm-family kernels: rmsnorm, add_rmsnorm, gemma_(add_)rmsnorm, rms_norm_gated.
 
-Call forms as upstream uses them (see vllm_kunlun/ops/norms.py): contiguous 2-D inputs
+Call forms as upstream uses them (see vllm_kunlun/ops/custom_ops/norms_vendor.py): contiguous 2-D inputs
 of one float dtype, fresh or aliased outputs written in place, statistics in float32,
 ``residual_output`` the sum before the norm, Gemma's scale ``1 + weight``.
 """

@@ -1,7 +1,7 @@
 """Fake rotary kernels: rotary_embedding and mrotary_embedding_neox.
 
 Semantics of vLLM's own ``_C.rotary_embedding``, which upstream's calls mirror (see
-vllm_kunlun/ops/rotary.py): query/key rotated in place, the rotary width taken from
+vllm_kunlun/ops/custom_ops/rotary_vendor.py): query/key rotated in place, the rotary width taken from
 ``cos_sin_cache`` ([positions, rotary_dim]: cos then sin), the rest of each head left
 alone, int64 positions. M-RoPE takes frequency section ``i`` from position row ``i``.
 """

@@ -34,7 +34,7 @@ from vllm_kunlun.attention.kunlun import (
     build_metadata,
     kv_views,
 )
-from vllm_kunlun.ops import kernels
+from vllm_kunlun.ops import routes
 from vllm_kunlun.platforms.emulation import KunlunHostEmulationPlatform
 from vllm_kunlun.platforms.kunlun import KunlunPlatform
 
@@ -46,10 +46,10 @@ def fake_ops(fake_vendor_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterato
     import kunlun_ops
 
     kunlun_ops.reset()
-    kernels.forget_routes()
-    monkeypatch.setattr(kernels, "platform_policy", lambda: (True, "test"))
+    routes.forget_routes()
+    monkeypatch.setattr(routes, "platform_policy", lambda: (True, "test"))
     yield kunlun_ops
-    kernels.forget_routes()
+    routes.forget_routes()
 
 
 @dataclass

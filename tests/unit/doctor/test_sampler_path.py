@@ -12,7 +12,7 @@ from vllm_kunlun.doctor.sampler_path import (
     probe_device,
     run_probe,
 )
-from vllm_kunlun.ops import sampling_native
+from vllm_kunlun.ops.sampling import native_cpu as sampling_native
 
 
 def test_kunlun_sampler_probe_passes_here() -> None:
@@ -76,7 +76,7 @@ def test_vendor_mode_without_the_vendor_library_fails(
 WORKER_PROBE = """
 import json
 from vllm_kunlun.checks.finding import Context
-from vllm_kunlun.ops import sampling_native
+from vllm_kunlun.ops.sampling import native_cpu as sampling_native
 from vllm_kunlun.doctor.sampler_path import check_sampler_path
 f = check_sampler_path(Context())
 print("FINDING " + json.dumps([f.status, f.cause, f.fix, f.details["worker_sampler"]]))

@@ -18,7 +18,7 @@ from vllm.v1.kv_cache_interface import MambaSpec
 from vllm.v1.worker import mamba_utils
 
 from vllm_kunlun.models import patches
-from vllm_kunlun.ops import gdn
+from vllm_kunlun.ops.gdn import seam as gdn
 from vllm_kunlun.patching.attribute import PatchMismatch, apply_group
 
 

@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 from transformers.models.qwen3_5 import modeling_qwen3_5 as ref
 
-from vllm_kunlun.ops import gdn_portable as P
+from vllm_kunlun.ops.gdn import portable as P
 
 TOL = 1e-5
 

@@ -1,4 +1,4 @@
-"""The GDN kernel seam (vllm_kunlun/ops/gdn.py): which kernel runs, and why, per op.
+"""The GDN kernel seam (vllm_kunlun/ops/gdn/seam.py): which kernel runs, and why, per op.
 
 Calls go through ``dispatcher(op, vllm_function)`` with vLLM 0.15.1's own kernels as the
 "Triton" originals, so the seam binds the arguments exactly as ``qwen3_next`` passes
@@ -16,8 +16,9 @@ import pytest
 import torch
 from vllm.model_executor.models import qwen3_next
 
-from vllm_kunlun.ops import gdn, gdn_portable
 from vllm_kunlun.ops.contract import VENDOR_CONTRACT
+from vllm_kunlun.ops.gdn import portable as gdn_portable
+from vllm_kunlun.ops.gdn import seam as gdn
 
 CUDA = torch.device("cuda", 0)
 CPU = torch.device("cpu")

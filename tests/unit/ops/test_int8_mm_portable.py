@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from vllm_kunlun.ops import int8_mm_portable as p
+from vllm_kunlun.ops.int8 import portable as p
 
 CPU = torch.device("cpu")
 

@@ -1,4 +1,4 @@
-"""The W8A8 int8 seam (vllm_kunlun/ops/int8_mm.py): choice, vendor calls, custom op.
+"""The W8A8 int8 seam (vllm_kunlun/ops/int8/seam.py): choice, vendor calls, custom op.
 
 The vendor path runs against tests/fakes (kunlun_ops.quant2d / matmul with absmax-style
 scales, torch.ops.xspeedgate_ops.* with vLLM's _C signatures), which check their inputs
@@ -17,9 +17,9 @@ import torch
 
 from vllm_kunlun.checks.finding import Context
 from vllm_kunlun.doctor.vendor_contract import check_vendor_contract
-from vllm_kunlun.ops import int8_mm
-from vllm_kunlun.ops import int8_mm_portable as portable
 from vllm_kunlun.ops.contract import VENDOR_CONTRACT
+from vllm_kunlun.ops.int8 import portable
+from vllm_kunlun.ops.int8 import seam as int8_mm
 
 CUDA = torch.device("cuda", 0)  # only a label: no tensor is put there
 CPU = torch.device("cpu")

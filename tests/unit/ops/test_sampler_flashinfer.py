@@ -29,8 +29,9 @@ from tests.unit.sampler_reference import (
     kept_mask,
     probs64,
 )
-from vllm_kunlun.ops import sampling_draw, sampling_rng
-from vllm_kunlun.ops import sampling_portable as fi
+from vllm_kunlun.ops.sampling import draw as sampling_draw
+from vllm_kunlun.ops.sampling import flashinfer_api as fi
+from vllm_kunlun.ops.sampling import rng as sampling_rng
 
 N = 20000
 # Draws per frequency test above vocabulary 1000 (tested over 20 cells).

@@ -25,8 +25,8 @@ from tests.unit.sampler_reference import (
     probs64,
     reference,
 )
-from vllm_kunlun.ops import sampling_native as native
-from vllm_kunlun.ops import sampling_portable as sp
+from vllm_kunlun.ops.sampling import native_cpu as native
+from vllm_kunlun.ops.sampling import portable as sp
 
 pytestmark = pytest.mark.skipif(
     not native.available()[0],

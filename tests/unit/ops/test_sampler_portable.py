@@ -1,4 +1,4 @@
-"""Contract of the portable sampling kernel (vllm_kunlun/ops/sampling_portable.py).
+"""Contract of the portable sampling kernel (vllm_kunlun/ops/sampling/portable.py).
 
 Statistical tests draw N = 20000 tokens per setting (the row repeated N times) and
 compare the frequencies with the renormalised filtered distribution computed
@@ -24,8 +24,8 @@ from tests.unit.sampler_reference import (
     probs64,
     reference,
 )
-from vllm_kunlun.ops import sampling_portable as sp
-from vllm_kunlun.ops import sampling_select
+from vllm_kunlun.ops.sampling import flashinfer_api, kept_set, threshold
+from vllm_kunlun.ops.sampling import portable as sp
 
 N = 20000
 
@@ -62,9 +62,9 @@ def _draw(
 def _path(row: torch.Tensor, k: int | None, p: float | None, draws: int) -> str:
     """Which path decides the row's kept set: candidates, rejection, radix, none."""
     vocab = row.shape[0]
-    kk = sp.normalize_top_k(k, 1, vocab, row.device)
-    pp = sp.normalize_top_p(p, 1, row.device)
-    plan = sp.plan_filter(
+    kk = threshold.normalize_top_k(k, 1, vocab, row.device)
+    pp = threshold.normalize_top_p(p, 1, row.device)
+    plan = kept_set.plan_filter(
         row.unsqueeze(0).clone(),
         kk,
         pp,
@@ -275,7 +275,7 @@ def test_check_nan_raises_on_request() -> None:
     probs = torch.full((2, 5), 0.2)
     probs[1, 2] = float("nan")
     with pytest.raises(ValueError, match="NaN"):
-        sp.top_k_top_p_sampling_from_probs(probs, 3, 0.9, check_nan=True)
+        flashinfer_api.top_k_top_p_sampling_from_probs(probs, 3, 0.9, check_nan=True)
 
 
 def test_a_rows_draw_does_not_depend_on_its_batch() -> None:
@@ -324,7 +324,7 @@ def test_device_mode_reads_nothing_on_the_host_and_matches_cpu_mode(
     def host_read(*args, **kwargs):  # type: ignore[no-untyped-def]
         raise AssertionError("host read of a tensor value (a device sync)")
 
-    monkeypatch.setattr(sampling_select, "on_host", lambda t: False)
+    monkeypatch.setattr(threshold, "on_host", lambda t: False)
     for name in ("item", "__bool__", "tolist", "numpy", "__int__", "__float__"):
         monkeypatch.setattr(torch.Tensor, name, host_read)
     got = [

@@ -1,4 +1,4 @@
-"""The sampling kernel seam (vllm_kunlun/ops/sampling.py) and its vendor call.
+"""The sampling kernel seam (vllm_kunlun/ops/sampling/seam.py) and its vendor call.
 
 The vendor path runs against tests/fakes/kunlun_ops, which has flashinfer's sampling
 signatures, checks its inputs like the real kernel, samples with flashinfer's semantics
@@ -15,8 +15,8 @@ import pytest
 import torch
 
 from tests.unit.sampler_reference import ALPHA, chi_square_pvalue, reference
-from vllm_kunlun.ops import sampling
 from vllm_kunlun.ops.contract import VENDOR_CONTRACT
+from vllm_kunlun.ops.sampling import seam as sampling
 
 CUDA = torch.device("cuda", 0)  # only used as a label: no tensor is put there
 CPU = torch.device("cpu")

@@ -22,7 +22,7 @@ from vllm.config import (
     set_current_vllm_config,
 )
 
-from vllm_kunlun.ops import kernels
+from vllm_kunlun.ops import routes
 from vllm_kunlun.ops.contract import VENDOR_CONTRACT
 
 TOL = {
@@ -53,8 +53,8 @@ def fake_ops(
     import kunlun_ops
 
     kunlun_ops.reset()
-    kernels.forget_routes()
-    monkeypatch.setattr(kernels, "platform_policy", lambda: (True, "test"))
+    routes.forget_routes()
+    monkeypatch.setattr(routes, "platform_policy", lambda: (True, "test"))
     kunlun_ops.KEYWORDS = []
     for name in VENDOR_CONTRACT["kunlun_ops"]:
         fn = getattr(kunlun_ops, name)
@@ -65,7 +65,7 @@ def fake_ops(
 
         monkeypatch.setattr(kunlun_ops, name, spy)
     yield kunlun_ops
-    kernels.forget_routes()
+    routes.forget_routes()
 
 
 def kernel_calls(ops: Any) -> list[str]:
@@ -113,7 +113,7 @@ def test_every_keyword_passed_is_declared_in_the_contract(fake_ops: Any) -> None
     assert used == norms_rotary_act
     for name, keywords in fake_ops.KEYWORDS:
         assert set(keywords) <= set(VENDOR_CONTRACT["kunlun_ops"][name]), name
-    assert all(s["native_calls"] == 0 for s in kernels.status().values())
+    assert all(s["native_calls"] == 0 for s in routes.status().values())
 
 
 # ---- RMSNorm and fused add + RMSNorm --------------------------------------------------
@@ -338,7 +338,7 @@ def test_missing_kernel_falls_back_with_the_reason(
     torch.testing.assert_close(layer.forward_oot(x), layer.forward_native(x))
     layer.forward_oot(x)
     assert not layer.kunlun_route.ready
-    st = kernels.status()["silu_and_mul"]
+    st = routes.status()["silu_and_mul"]
     assert (st["vendor_calls"], st["native_calls"]) == (0, 2)
     assert st["native_reasons"] == [
         "kunlun_ops (0.1.58) has no silu_and_mul (the validated kunlun_ops 0.1.58 has it)"
@@ -352,7 +352,7 @@ def test_kernel_that_raises_closes_the_route_and_says_why_once(
 
     logged: list[str] = []
     monkeypatch.setattr(
-        kernels.logger, "warning_once", lambda msg, *a: logged.append(msg % a)
+        routes.logger, "warning_once", lambda msg, *a: logged.append(msg % a)
     )
 
     def broken(*args: Any) -> None:
@@ -410,7 +410,7 @@ def test_platform_that_wants_no_vendor_kernels_keeps_native(
 ) -> None:
     from vllm_kunlun.ops.custom_ops.norms import KunlunRMSNorm
 
-    monkeypatch.setattr(kernels, "platform_policy", lambda: (False, "not wanted"))
+    monkeypatch.setattr(routes, "platform_policy", lambda: (False, "not wanted"))
     layer = KunlunRMSNorm(64)
     x = torch.randn(3, 64)
     torch.testing.assert_close(layer.forward_oot(x), layer.forward_native(x))

@@ -12,7 +12,7 @@ from vllm.config import CompilationConfig
 
 from vllm_kunlun.demo.run import choose_platform
 from vllm_kunlun.doctor.vendor_contract import compare_contract
-from vllm_kunlun.ops import custom_ops, kernels, vendor
+from vllm_kunlun.ops import custom_ops, routes, vendor
 from vllm_kunlun.ops.contract import VENDOR_CONTRACT
 from vllm_kunlun.platforms.emulation import KunlunHostEmulationPlatform
 from vllm_kunlun.platforms.kunlun import KunlunPlatform
@@ -35,14 +35,14 @@ def test_the_fakes_present_every_declared_call_with_its_keywords(
 
 
 def test_route_status_sums_layers_calls_and_reasons(fake_vendor_path: Path) -> None:
-    kernels.forget_routes()
+    routes.forget_routes()
     try:
-        ready = kernels.Route("silu_and_mul", ["silu_and_mul"], policy=(True, "t"))
-        off = kernels.Route("silu_and_mul", ["silu_and_mul"], policy=(False, "off"))
+        ready = routes.Route("silu_and_mul", ["silu_and_mul"], policy=(True, "t"))
+        off = routes.Route("silu_and_mul", ["silu_and_mul"], policy=(False, "off"))
         ready.run(lambda k, x: x + 1, lambda x: x, 1)
-        ready.run(lambda k, x: (_ for _ in ()).throw(kernels.Refused("odd")), abs, -2)
+        ready.run(lambda k, x: (_ for _ in ()).throw(routes.Refused("odd")), abs, -2)
         assert off.run(lambda k, x: 0, abs, -3) == 3
-        assert kernels.status() == {
+        assert routes.status() == {
             "silu_and_mul": {
                 "kernels": ["kunlun_ops.silu_and_mul"],
                 "modules": 2,
@@ -53,7 +53,7 @@ def test_route_status_sums_layers_calls_and_reasons(fake_vendor_path: Path) -> N
             }
         }
     finally:
-        kernels.forget_routes()
+        routes.forget_routes()
 
 
 # ---- out-of-tree CustomOps ------------------------------------------------------------

@@ -1,7 +1,7 @@
 """The sampler's decode path never synchronises with the host (graph- and async-safe).
 
-``KunlunTopKTopPSampler.forward`` (sample/topk_topp.py -> ops/sampling.py ->
-ops/sampling_portable.py) runs on ``meta`` tensors under a dispatch mode that fails on
+``KunlunTopKTopPSampler.forward`` (sample/topk_topp.py -> ops/sampling/seam.py ->
+ops/sampling/portable.py) runs on ``meta`` tensors under a dispatch mode that fails on
 every operation that needs the host to wait for the device: reading a value
 (``.item()``, ``bool()``, ``.tolist()``: ``aten._local_scalar_dense``), outputs whose
 shape depends on data (``nonzero``, boolean-mask indexing, ``masked_select``,
@@ -12,7 +12,7 @@ fails even without the mode. ``exponential_`` is refused too: it has no Kunlun k
 
 Not covered: rows with their own ``torch.Generator`` (seeded requests draw one small
 ``uniform_`` per row with it; generators cannot live on ``meta``), and the vendor
-kernel itself (not available here; ops/sampling.py calls it without reading results).
+kernel itself (not available here; ops/sampling/seam.py calls it without reading results).
 """
 
 from __future__ import annotations
@@ -25,12 +25,15 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from vllm_kunlun.ops import sampling_portable as portable
+from vllm_kunlun.ops.sampling import flashinfer_api, portable
 from vllm_kunlun.sample.topk_topp import KunlunTopKTopPSampler
 
 aten = torch.ops.aten
 DEVICE = torch.device("meta")
-BATCH, VOCAB = 256, 151_936  # the deployment log's decode step (docs/deployment-log.md D11)
+BATCH, VOCAB = (
+    256,
+    151_936,
+)  # the deployment log's decode step (docs/deployment-log.md D11)
 
 _SYNC_OPS = {
     aten._local_scalar_dense.default: ".item() / bool() / int() / .tolist()",
@@ -164,8 +167,8 @@ def test_flashinfer_entry_points_have_no_host_sync() -> None:
     k = torch.empty(BATCH, dtype=torch.int32, device=DEVICE)
     p = torch.empty(BATCH, dtype=torch.float32, device=DEVICE)
     for fn in (
-        portable.top_k_top_p_sampling_from_probs,
-        portable.top_k_top_p_sampling_from_logits,
+        flashinfer_api.top_k_top_p_sampling_from_probs,
+        flashinfer_api.top_k_top_p_sampling_from_logits,
     ):
         out = run_without_sync(lambda fn=fn: fn(probs, k, p))
         assert out.shape == (BATCH,) and out.dtype == torch.int32

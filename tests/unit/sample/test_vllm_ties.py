@@ -16,7 +16,7 @@ import torch
 from vllm.platforms import current_platform  # noqa: F401  (resolves the platform)
 from vllm.v1.sample.ops import topk_topp_sampler as upstream
 
-from vllm_kunlun.ops import sampling_select
+from vllm_kunlun.ops.sampling import threshold
 from vllm_kunlun.sample.topk_topp import apply_top_k_top_p
 
 NEG = float("-inf")
@@ -107,7 +107,7 @@ def test_the_device_path_cuts_the_same_ties(monkeypatch: pytest.MonkeyPatch) -> 
     k = torch.tensor([700, 30, 700, 5, 200, 700, 700, 1, 50, 700, 700, 600])
     p = torch.tensor([0.3, 0.9, 1.0, 0.5, 0.7, 0.2, 0.95, 0.5, 0.99, 1.0, 0.6, 0.4])
     host = apply_top_k_top_p(logits.clone(), k, p)
-    monkeypatch.setattr(sampling_select, "on_host", lambda t: False)
+    monkeypatch.setattr(threshold, "on_host", lambda t: False)
     device = apply_top_k_top_p(logits.clone(), k, p)
     monkeypatch.undo()
     assert torch.equal(host, device)

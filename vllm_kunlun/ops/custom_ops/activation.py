@@ -1,5 +1,5 @@
 """SiLU-and-mul as an out-of-tree CustomOp (see ``__init__.py``): vLLM's
-``SiluAndMul`` with a ``forward_oot`` on the vendor kernel (``ops/activation.py``),
+``SiluAndMul`` with a ``forward_oot`` on the vendor kernel (``ops/custom_ops/activation_vendor.py``),
 falling back to ``forward_native`` (logged once per reason) when it is missing or
 refuses.
 
@@ -13,8 +13,8 @@ from typing import Any
 import torch
 from vllm.model_executor.layers.activation import SiluAndMul
 
-from vllm_kunlun.ops import activation
-from vllm_kunlun.ops.kernels import Route
+from vllm_kunlun.ops.custom_ops import activation_vendor as activation
+from vllm_kunlun.ops.routes import Route
 
 
 class KunlunSiluAndMul(SiluAndMul):

@@ -3,7 +3,7 @@ CustomOps: vLLM builds these classes in place of its own (``CustomOp.register_oo
 see ``__init__.py``) and calls ``forward_oot`` on a vllm-kunlun platform.
 
 Each keeps vLLM's constructor, weights and ``forward_native``; ``forward_oot`` runs the
-vendor kernel through ``ops/norms.py`` and falls back to ``forward_native`` (logged once
+vendor kernel through ``ops/custom_ops/norms_vendor.py`` and falls back to ``forward_native`` (logged once
 per reason) when the kernel is missing or refuses the inputs.
 
 Removal: when vLLM dispatches these ops to Kunlun kernels itself.
@@ -16,8 +16,8 @@ from typing import Any
 import torch
 from vllm.model_executor.layers.layernorm import GemmaRMSNorm, RMSNorm, RMSNormGated
 
-from vllm_kunlun.ops import norms
-from vllm_kunlun.ops.kernels import Kernels, Route
+from vllm_kunlun.ops.custom_ops import norms_vendor as norms
+from vllm_kunlun.ops.routes import Kernels, Route
 
 
 class KunlunRMSNorm(RMSNorm):

@@ -1,6 +1,6 @@
 """Rotary embedding and multimodal rotary embedding as out-of-tree CustomOps (see
 ``__init__.py``): vLLM's ``RotaryEmbedding`` / ``MRotaryEmbedding`` with a
-``forward_oot`` on the vendor kernels (``ops/rotary.py``), falling back to
+``forward_oot`` on the vendor kernels (``ops/custom_ops/rotary_vendor.py``), falling back to
 ``forward_native`` (logged once per reason) when a kernel is missing or refuses.
 
 Only these two classes are replaced; vLLM's scaled variants (YaRN, Llama-3, dynamic
@@ -17,8 +17,8 @@ import torch
 from vllm.model_executor.layers.rotary_embedding.base import RotaryEmbedding
 from vllm.model_executor.layers.rotary_embedding.mrope import MRotaryEmbedding
 
-from vllm_kunlun.ops import rotary
-from vllm_kunlun.ops.kernels import Kernels, Refused, Route
+from vllm_kunlun.ops.custom_ops import rotary_vendor as rotary
+from vllm_kunlun.ops.routes import Kernels, Refused, Route
 
 QK = tuple[torch.Tensor, torch.Tensor | None]
 

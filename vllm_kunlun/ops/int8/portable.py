@@ -1,7 +1,7 @@
 """Portable W8A8 int8 linear: vLLM's int8 semantics in plain torch, on any device.
 
 Why: every int8 kernel vLLM 0.15.1 ships needs ``vllm._C``, which does not load on
-torch 2.5.1. On Kunlun the vendor kernels serve W8A8 layers (``ops/int8_mm.py``); this
+torch 2.5.1. On Kunlun the vendor kernels serve W8A8 layers (``ops/int8/seam.py``); this
 module serves them everywhere else (host emulation, CI, a Kunlun host without the
 vendor wheels) and is the reference the vendor path is tested against.
 

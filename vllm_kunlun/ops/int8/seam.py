@@ -37,8 +37,8 @@ import torch
 
 from vllm_kunlun import envs, versions
 from vllm_kunlun.logger import init_logger
-from vllm_kunlun.ops import int8_mm_portable as portable
 from vllm_kunlun.ops import vendor
+from vllm_kunlun.ops.int8 import portable
 
 logger = init_logger(__name__)
 

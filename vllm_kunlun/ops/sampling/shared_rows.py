@@ -8,7 +8,7 @@ GiB of copies (``min_p``: in one allocation).
 How: every score row is sorted once (weights descending, their token ids, float64 mass
 per ``BLOCK``-token block), a copy the size of the input whatever the number of draws.
 A draw's kept set is then a prefix of its row's sorted order: the same set as the
-threshold rule of ``sampling_select`` (``weight >= T``, ties kept), found by binary
+threshold rule of ``kept_set`` (``weight >= T``, ties kept), found by binary
 searches over the block boundaries and one gathered block per search; the token is one
 more search (inverse transform over the prefix). Per draw that is a few ``BLOCK``-sized
 gathers, in chunks of ``DRAW_CHUNK`` draws.
@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import torch
 
-from vllm_kunlun.ops.sampling_draw import BLOCK, DRAW_CHUNK
+from vllm_kunlun.ops.sampling.draw import BLOCK, DRAW_CHUNK
 
 
 @dataclass

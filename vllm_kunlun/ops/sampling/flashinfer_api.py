@@ -1,68 +1,42 @@
-"""Portable torch sampling with flashinfer's API and semantics (flashinfer 0.6.1).
+"""flashinfer's ``flashinfer.sampling`` API (0.6.1) in portable torch, for kernel developers.
 
-Why: the vendor sampling kernel exists only on Kunlun, and requests with their own seed
-cannot use it at all (it takes one generator per batch). This module is the sampler used
-everywhere else: on the CPU, on other CUDA devices, for seeded rows, as the fallback of
-the kernel seam (``ops/sampling.py``), and as the reference the vendor kernel is tested
-against. Kernel developers get flashinfer's ``flashinfer.sampling`` functions with the
-same arguments, dtypes and errors, on any device.
+Why: the vendor op library ships flashinfer's sampling functions; a kernel developer
+needs the same functions, with the same arguments, dtypes and errors, on any device, to
+test a kernel against or to run where the vendor library is missing. The plugin's
+sampler does not run on this module (it calls ``portable.py`` directly); this module is
+the public, documented surface, with flashinfer's argument checks on top of the
+portable sampler.
 
-How (details in ``sampling_select`` and ``sampling_draw``): no sort of the vocabulary, no
-host/device synchronisation, one uniform per row for the draw:
-* the kept set is an exact per-row threshold: ``topk(128)`` candidates when a row's
-  top-k fits in them, else a radix select over the float bits of the probabilities;
-* the token is drawn by inverse transform over two-level block sums;
-* on the CPU, a top-p row without top-k is decided at draw time (the drawn token is
-  tested against the threshold's criterion, redrawn if outside), which reads the row
-  about once instead of building histograms.
-
-Semantics: top-k first, then top-p over the renormalised top-k distribution (flashinfer's
-``filter_apply_order="top_k_first"``, vLLM's native order); ``"joint"``: top-p relative to
-the whole distribution. ``top_k`` <= 0 or >= vocab: no top-k; ``top_p`` >= 1: no top-p;
-``top_p`` <= 0 keeps only the most likely token(s). Ties at a threshold are kept; weights
-are compared as float32 probabilities. A row whose logits contain NaN or are all
-``-inf`` has no distribution and yields token 0, as vLLM's native sampler does
-(checking would synchronise every step; ``check_nan=True`` raises instead). Uniforms
-are float32: a token below ~6e-8 of its row's mass may be drawn slightly more or less
-often than its probability. ``deterministic`` is accepted and ignored: the result
-depends only on the inputs and the uniforms (on an accelerator, float atomics in the
-radix histograms can move a token that sits within float rounding of the threshold).
+Semantics are ``portable.py``'s (top-k first or ``filter_apply_order="joint"``, ties at
+a threshold kept, a row without a distribution yields token 0), plus flashinfer's own:
+``indices`` (many draws per score row), a ``generator`` or an explicit ``seed`` /
+``offset`` (``rng.py``), ``check_nan=True`` (raises on NaN, which synchronises), and
+``deterministic`` accepted and ignored (the result depends only on the inputs and the
+uniforms).
 """
 
 from __future__ import annotations
 
 import torch
 
-from vllm_kunlun.ops import sampling_draw as draw_ops
-from vllm_kunlun.ops import sampling_rng as rng
-from vllm_kunlun.ops import sampling_select as select
-from vllm_kunlun.ops import sampling_shared as shared
-from vllm_kunlun.ops.sampling_draw import BLOCK, block_sums
-from vllm_kunlun.ops.sampling_select import (
-    CANDIDATES,
-    FilterPlan,
+from vllm_kunlun.ops.sampling import draw as draw_ops
+from vllm_kunlun.ops.sampling import rng
+from vllm_kunlun.ops.sampling import shared_rows as shared
+from vllm_kunlun.ops.sampling.portable import (
+    DRAWS,
+    as_float_matrix,
+    filter_scores,
+    sample,
+)
+from vllm_kunlun.ops.sampling.threshold import (
     normalize_top_k,
     normalize_top_p,
-    plan_filter,
-    radix_levels,
-    radix_threshold,
+    probabilities,
 )
 
 __all__ = [
-    "BLOCK",
-    "CANDIDATES",
-    "DRAWS",
-    "FilterPlan",
-    "block_sums",
     "chain_speculative_sampling",
-    "mask_logits",
     "min_p_sampling_from_probs",
-    "normalize_top_k",
-    "normalize_top_p",
-    "plan_filter",
-    "radix_levels",
-    "radix_threshold",
-    "sample",
     "sampling_from_logits",
     "sampling_from_probs",
     "softmax",
@@ -77,142 +51,7 @@ __all__ = [
     "top_p_sampling_from_probs",
 ]
 
-# Uniforms per row the callers draw: the draw, two rejection rounds (deferred top-p on
-# the CPU), and the exact fallback after them.
-DRAWS = 4
 _FILTER_ORDERS = ("top_k_first", "joint")
-
-
-def _as_float_matrix(x: torch.Tensor, what: str) -> torch.Tensor:
-    if not isinstance(x, torch.Tensor):
-        raise TypeError(f"{what} must be a torch.Tensor, got {type(x).__name__}")
-    if x.dim() != 2:
-        raise ValueError(
-            f"{what} must be 2-D (batch, vocab); got shape {tuple(x.shape)}"
-        )
-    if x.shape[1] == 0:
-        raise ValueError(f"{what} has an empty vocabulary dimension")
-    if x.dtype != torch.float32:
-        x = x.float()
-    return x.contiguous()
-
-
-def sample(
-    scores: torch.Tensor,
-    top_k: torch.Tensor | int | None,
-    top_p: torch.Tensor | float | None,
-    uniforms: torch.Tensor,
-    *,
-    scores_are_logits: bool,
-    inplace: bool = False,
-    joint: bool = False,
-    rows: torch.Tensor | None = None,
-) -> torch.Tensor:
-    """Top-k / top-p sample, one token per draw (int64).
-
-    ``scores`` (B, V): logits or probabilities (``inplace``: logits may be overwritten).
-    ``uniforms``: (N,) or (N, D) in [0, 1), one row per draw; with D >= 2 the extra
-    columns let the CPU decide top-p rows by rejection (``DRAWS`` is what callers
-    draw). ``rows`` (N,): the score row of each draw (None: N == B). ``top_k`` /
-    ``top_p``: a number, or a tensor of one value per score row (a single value
-    broadcasts, as in vLLM).
-    """
-    scores = _as_float_matrix(scores, "logits" if scores_are_logits else "probs")
-    batch, vocab = scores.shape
-    draws = batch if rows is None else rows.shape[0]
-    u = draw_ops.uniform_rows(uniforms, draws)
-    if draws == 0:
-        return torch.empty(0, dtype=torch.int64, device=scores.device)
-    k = normalize_top_k(top_k, batch, vocab, scores.device)
-    p = normalize_top_p(top_p, batch, scores.device)
-    plan = plan_filter(
-        scores,
-        k,
-        p,
-        scores_are_logits=scores_are_logits,
-        inplace=inplace,
-        joint=joint,
-        defer_top_p=rows is None and u.shape[1] >= 2,
-    )
-    return draw_ops.draw_plan(plan, u.to(torch.float32), rows)
-
-
-def _filter(
-    scores: torch.Tensor,
-    top_k: torch.Tensor | int | None,
-    top_p: torch.Tensor | float | None,
-    *,
-    scores_are_logits: bool,
-    fill: float,
-    strict: bool = False,
-) -> torch.Tensor:
-    """``scores`` with every token outside the kept set set to ``fill``, in place."""
-    batch, vocab = scores.shape
-    k = normalize_top_k(top_k, batch, vocab, scores.device, strict)
-    p = normalize_top_p(top_p, batch, scores.device, strict)
-    if batch == 0 or (k is None and p is None):
-        return scores
-    plan = plan_filter(scores, k, p, scores_are_logits=scores_are_logits)
-    drop: torch.Tensor | None = None
-    if plan.cand_threshold is not None:
-        drop = scores < plan.cand_threshold.unsqueeze(1)
-    if plan.threshold is not None:
-        assert plan.weights is not None
-        by_weight = plan.weights < plan.threshold.unsqueeze(1)
-        drop = (
-            by_weight
-            if drop is None
-            else torch.where(plan.resolved.unsqueeze(1), drop, by_weight)
-        )
-    return scores if drop is None else scores.masked_fill_(drop, fill)
-
-
-def mask_logits(
-    logits: torch.Tensor,
-    top_k: torch.Tensor | int | None,
-    top_p: torch.Tensor | float | None,
-) -> torch.Tensor:
-    """Set the logits of tokens outside top-k / top-p to -inf, in place; returns them.
-
-    vLLM's ``apply_top_k_top_p`` without sorting; a ``top_k`` / ``top_p`` tensor of a
-    single value applies to every row. The kept set is ``sample``'s, except at a tie
-    on the top-p boundary: ``sample`` keeps the whole tie group (FlashInfer's rule),
-    this keeps vLLM's count of tokens, the lowest-indexed ties first
-    (``sampling_select.cut_boundary_ties``).
-    """
-    work = _as_float_matrix(logits, "logits")  # the tensor itself when float32
-    batch = work.shape[0]
-    p = normalize_top_p(top_p, batch, work.device)
-    if p is None or batch == 0 or not select.maybe_any(p < 1):
-        masked = _filter(work, top_k, None, scores_are_logits=True, fill=float("-inf"))
-    else:
-        k = normalize_top_k(top_k, batch, work.shape[1], work.device)
-        # The cut needs the mass top-p is relative to (the top-k set's, or the row's),
-        # which masking overwrites: kept aside, and computed for the rows cut only.
-        if k is None:
-            total = torch.logsumexp(work, dim=-1)
-
-            def log_mass(rows: torch.Tensor | None) -> torch.Tensor:
-                return total if rows is None else total[rows]
-
-        else:
-            original = work.clone()
-
-            def log_mass(rows: torch.Tensor | None) -> torch.Tensor:
-                sub = original if rows is None else original[rows]
-                assert k is not None
-                kk = k if rows is None else k[rows]
-                top = _filter(sub, kk, None, scores_are_logits=True, fill=float("-inf"))
-                return torch.logsumexp(top, dim=-1)
-
-        masked = _filter(work, k, p, scores_are_logits=True, fill=float("-inf"))
-        masked = select.cut_boundary_ties(masked, p, log_mass)
-    if masked is not logits:
-        logits.copy_(masked)
-    return logits
-
-
-# ---- flashinfer-compatible entry points -------------------------------------------
 
 
 def _check_indices(
@@ -251,7 +90,7 @@ def _sample_api(
             f"Invalid filter_apply_order: {filter_apply_order!r}; use one of "
             f"{_FILTER_ORDERS}"
         )
-    scores = _as_float_matrix(scores, what)
+    scores = as_float_matrix(scores, what)
     out_dtype = indices.dtype if isinstance(indices, torch.Tensor) else torch.int32
     rows = _check_indices(indices, scores.device)
     batch, vocab = scores.shape
@@ -281,7 +120,7 @@ def _sample_api(
     else:
         # Each draw has its own filter: sort every row once, search per draw (no copy
         # of a row per draw).
-        weights = select.probabilities(scores, scores_are_logits=logits)
+        weights = probabilities(scores, scores_are_logits=logits)
         tokens = shared.sample_shared(weights, rows, u[:, 0], k=k, p=p, joint=joint)
     return tokens.to(out_dtype)
 
@@ -413,11 +252,11 @@ def min_p_sampling_from_probs(
     offset: int | torch.Tensor | None = None,
 ) -> torch.Tensor:
     """flashinfer's ``min_p_sampling_from_probs``: keeps ``probs >= min_p * max``."""
-    probs = _as_float_matrix(probs, "probs")
+    probs = as_float_matrix(probs, "probs")
     out_dtype = indices.dtype if isinstance(indices, torch.Tensor) else torch.int32
     rows = _check_indices(indices, probs.device)
     draws = probs.shape[0] if rows is None else rows.shape[0]
-    scale = select.normalize_top_p(min_p, draws, probs.device, strict=True)
+    scale = normalize_top_p(min_p, draws, probs.device, strict=True)
     assert scale is not None
     if check_nan:
         _check_nan(probs, "probs")
@@ -447,7 +286,7 @@ def softmax(
     ``temperature``: a number or one float value per row; ``enable_pdl`` is a CUDA
     launch option, ignored.
     """
-    logits = _as_float_matrix(logits, "logits")
+    logits = as_float_matrix(logits, "logits")
     if temperature is None:
         return torch.softmax(logits, dim=-1)
     if isinstance(temperature, torch.Tensor):
@@ -486,8 +325,8 @@ def _renorm(
     top_p: torch.Tensor | float | None,
 ) -> torch.Tensor:
     original = probs.dtype
-    kept = _filter(
-        _as_float_matrix(probs, "probs").clone(),
+    kept = filter_scores(
+        as_float_matrix(probs, "probs").clone(),
         top_k,
         top_p,
         scores_are_logits=False,
@@ -514,8 +353,8 @@ def top_k_mask_logits(logits: torch.Tensor, top_k: torch.Tensor | int) -> torch.
     """flashinfer's ``top_k_mask_logits``: a copy with non-top-k logits set to -inf,
     same dtype as ``logits``."""
     original = logits.dtype
-    masked = _filter(
-        _as_float_matrix(logits, "logits").clone(),
+    masked = filter_scores(
+        as_float_matrix(logits, "logits").clone(),
         top_k,
         None,
         scores_are_logits=True,

@@ -1,4 +1,4 @@
-"""Random numbers without Tensor.exponential_ (vllm_kunlun/sample/noise.py).
+"""Random numbers without Tensor.exponential_ (vllm_kunlun/ops/sampling/noise.py).
 
 Distribution checks use a Kolmogorov-Smirnov test against Exp(1) (or U[0, 1)); a test
 fails when p < ALPHA = 1e-4 (fixed seeds: deterministic).
@@ -13,7 +13,7 @@ import torch
 from scipy import stats
 
 from tests.unit.sampler_reference import ALPHA
-from vllm_kunlun.sample.noise import exponential_noise, row_uniforms
+from vllm_kunlun.ops.sampling.noise import exponential_noise, row_uniforms
 
 
 @pytest.fixture(autouse=True)

@@ -11,8 +11,8 @@ with vLLM's signatures, and routes each call:
   ``[slots, HV, dk, dv]`` with ``is_h0_transposed=True``). Only this one vendor kernel is
   wired: the others' semantics cannot be pinned from observed usage (upstream's
   ``gated_delta_rule`` call sits in a dead branch; the conv kernels changed signatures
-  and need host mirrors). It is checked on a Kunlun host by
-  ``tests/device/test_gdn_vendor.py``; here only against the fake.
+  and need host mirrors). Its call form is in ``docs/vendor-calls.md``; no
+  test here runs it on a Kunlun host, only against the fake (``tests/unit/ops/test_gdn_seam.py``).
 - ``triton``: vLLM's own kernel (the function the runtime patch replaced).
 - ``portable``: ``gdn_portable`` (torch, any device).
 
@@ -35,8 +35,8 @@ import torch
 
 from vllm_kunlun import envs, versions
 from vllm_kunlun.logger import init_logger
-from vllm_kunlun.ops import gdn_portable as portable
 from vllm_kunlun.ops import vendor
+from vllm_kunlun.ops.gdn import portable
 
 logger = init_logger(__name__)
 
@@ -182,7 +182,7 @@ def dispatcher(op: str, triton_fn: Callable[..., Any]) -> Callable[..., Any]:
 
     route.__name__ = route.__qualname__ = f"kunlun_{op}"
     route.__doc__ = (
-        f"vllm-kunlun GDN seam for vLLM's {op} (see vllm_kunlun/ops/gdn.py)."
+        f"vllm-kunlun GDN seam for vLLM's {op} (see vllm_kunlun/ops/gdn/seam.py)."
     )
     route.__wrapped__ = triton_fn  # type: ignore[attr-defined]
     return route

@@ -8,7 +8,7 @@ draw; a second pass only for top-p without top-k) with the portable sampler's ke
 without a distribution yields token 0). csrc/sampling_cpu.cpp has the algorithm.
 
 It serves logits on the CPU (host emulation, CI, CPU serving); devices keep the vendor
-kernel or the portable torch kernels, and flashinfer's API (``sampling_portable``) stays
+kernel or the portable torch kernels, and flashinfer's API (``flashinfer_api``) stays
 torch. Without the extension (``VLLM_KUNLUN_BUILD_EXT=0``) the portable kernels run.
 """
 
@@ -19,8 +19,8 @@ import functools
 import torch
 
 from vllm_kunlun.ops import native
-from vllm_kunlun.ops import sampling_draw as draw_ops
-from vllm_kunlun.ops import sampling_select as select
+from vllm_kunlun.ops.sampling import draw as draw_ops
+from vllm_kunlun.ops.sampling import threshold
 
 OP_NAME = "sample_rows"
 # Rejection tries per draw before the exact inverse transform (each try succeeds with
@@ -93,15 +93,15 @@ def sample(
     if logits.device.type != "cpu":
         raise ValueError(
             f"the native sampler runs on the CPU; the logits are on {logits.device} "
-            "(sampling_portable.sample serves any device)"
+            "(sampling.portable.sample serves any device)"
         )
     batch, vocab = logits.shape
     u = draw_ops.uniform_rows(uniforms, batch)
     if batch == 0:
         return torch.empty(0, dtype=torch.int64)
     _require()
-    k = select.normalize_top_k(top_k, batch, vocab, logits.device)
-    p = select.normalize_top_p(top_p, batch, logits.device)
+    k = threshold.normalize_top_k(top_k, batch, vocab, logits.device)
+    p = threshold.normalize_top_p(top_p, batch, logits.device)
     scores = logits.float()
     if scores.stride(1) != 1:
         scores = scores.contiguous()  # rows may repeat or be slices, not be strided

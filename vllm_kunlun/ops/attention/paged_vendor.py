@@ -3,7 +3,7 @@
 Why: the Kunlun attention backend (``vllm_kunlun/attention/kunlun.py``) is vLLM's
 paged-attention contract; this module is the only place that knows how the vendor
 library is called for it. Call forms and keyword names are upstream's (facts in
-``shared/reference/kunlun-vendor-calls.md``).
+``docs/vendor-calls.md``).
 
 Assumptions, each from how upstream uses the kernels:
 - The KV cache of a layer is two BHLD tensors, ``[num_blocks, num_kv_heads,
@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import torch
 
-from vllm_kunlun.ops.kernels import Kernels
+from vllm_kunlun.ops.routes import Kernels
 
 ATTENTION_KERNELS = ("reshape_and_cache_flash", "paged_attention", "prefill_attention")
 

@@ -25,9 +25,9 @@ import torch
 
 from vllm_kunlun import envs, versions
 from vllm_kunlun.logger import init_logger
-from vllm_kunlun.ops import sampling_native as native
-from vllm_kunlun.ops import sampling_portable as portable
 from vllm_kunlun.ops import vendor
+from vllm_kunlun.ops.sampling import native_cpu as native
+from vllm_kunlun.ops.sampling import portable
 
 logger = init_logger(__name__)
 

@@ -2,10 +2,10 @@
 
 Why: vLLM's native RMSNorm is five small torch kernels per call (and ten with the
 residual add); the vendor library has one fused kernel for each form. The CustomOps in
-``ops/custom_ops/norms.py`` call these wrappers and fall back to vLLM's native path when
+``ops/custom_ops/custom_ops/norms_vendor.py`` call these wrappers and fall back to vLLM's native path when
 one raises ``Refused``.
 
-The call forms are upstream's (facts in ``shared/reference/kunlun-vendor-calls.md``);
+The call forms are upstream's (facts in ``docs/vendor-calls.md``);
 what each one assumes about the kernel is said at the function. Common to all: the
 kernels take contiguous 2-D ``[rows, hidden]`` tensors of one float dtype on one device
 and write into the ``output`` tensors they are given (we always pass fresh ones, so no
@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import torch
 
-from vllm_kunlun.ops.kernels import FLOAT_DTYPES, Kernels, Refused
+from vllm_kunlun.ops.routes import FLOAT_DTYPES, Kernels, Refused
 
 
 def _rows(x: torch.Tensor) -> torch.Tensor:

@@ -1,6 +1,6 @@
 """Drawing one token per row from its kept set: inverse-transform sampling, no sort.
 
-Why: the kept set (``sampling_select``) says which tokens may be drawn; this module
+Why: the kept set (``kept_set``) says which tokens may be drawn; this module
 draws them with one uniform per row, without a noise tensor of the vocabulary's size
 (``Tensor.exponential_`` runs on the CPU on Kunlun) and without reading a device value
 on the host.
@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import torch
 
-from vllm_kunlun.ops import sampling_select as select
+from vllm_kunlun.ops.sampling import threshold as thresholds
 
 # Block size of the two-level cumulative sum.
 BLOCK = 512
@@ -185,40 +185,6 @@ def draw_candidates(
     return torch.where(cum[:, -1] > 0, tokens, torch.zeros_like(tokens))
 
 
-def draw_plan(
-    plan: select.FilterPlan, uniforms: torch.Tensor, rows: torch.Tensor | None = None
-) -> torch.Tensor:
-    """One token per row of ``uniforms`` (N, D) from a FilterPlan (int64, N).
-
-    Column 0 is the draw; further columns serve deferred top-p rows (rejection rounds,
-    then the exact fallback). ``rows``: weight row of each draw (no deferred rows then).
-    """
-    first = uniforms[:, 0]
-    tokens: torch.Tensor | None = None
-    if plan.cand_idx is not None and plan.cand_weights is not None:
-        tokens = draw_candidates(plan.cand_idx, plan.cand_weights, first, rows)
-    if plan.any_full:
-        assert plan.weights is not None
-        full, mass = draw_with_mass(
-            plan.weights,
-            first,
-            threshold=plan.threshold,
-            owned=plan.owns_weights,
-            scratch=plan.scratch,
-            rows=rows,
-        )
-        resolved = plan.resolved if rows is None else plan.resolved[rows]
-        tokens = full if tokens is None else torch.where(resolved, tokens, full)
-        if plan.deferred is not None:
-            assert rows is None and plan.top_p is not None
-            # Deferred rows have no threshold: ``mass`` is their whole mass.
-            tokens = top_p_by_rejection(
-                plan.weights, tokens, plan.deferred, plan.top_p, mass, uniforms
-            )
-    assert tokens is not None
-    return tokens
-
-
 def _mass_above(
     part: torch.Tensor, values: torch.Tensor, scratch: torch.Tensor
 ) -> torch.Tensor:
@@ -311,7 +277,7 @@ def _redraw(
         rows = index[start:end]
         sub = weights[rows]  # a copy of the rejected rows
         if last:
-            exact = select.radix_threshold(sub, None, top_p[rows])
+            exact = thresholds.radix_threshold(sub, None, top_p[rows])
             tokens[start:end] = draw(sub, uniform[rows], threshold=exact, owned=True)
             continue
         floor = torch.nextafter(

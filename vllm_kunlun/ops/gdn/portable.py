@@ -22,7 +22,7 @@ the WY form: inside a chunk with cumulative log-decay c_i and start state S,
 so the state is touched once per chunk and the triangular solve replaces the loop.
 
 Removal: never; this is the reference every faster path is tested against. Speed on a
-device comes from the vendor or Triton kernels (``ops/gdn.py`` chooses).
+device comes from the vendor or Triton kernels (``ops/gdn/seam.py`` chooses).
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ three questions: does the active platform want vendor kernels at all, does the
 installed vendor library have the functions, did the kernel refuse these inputs.
 Answering them in one place keeps the answers and their log lines alike everywhere, and
 lets the serving report say which kernels actually served (a silent fallback is the
-failure the deployment log lost days to).
+failure behind the decode stall, docs/deployment-log.md D11).
 
 How: ``platform_policy()`` asks the active vllm-kunlun platform (KunlunPlatform: yes;
 host emulation: only with ``VLLM_KUNLUN_EMULATION_VENDOR=1``). A ``Route`` holds one op
@@ -99,7 +99,7 @@ class Route:
 
         The fallback runs on the same ``args`` after the kernel may have started, so a
         ``vendor_impl`` must never write into its arguments: a kernel that works in
-        place gets copies (see ``ops/rotary.py``), else a kernel that wrote and then
+        place gets copies (see ``ops/custom_ops/rotary_vendor.py``), else a kernel that wrote and then
         raised would have its op applied twice.
         """
         if self.ready:

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import pytest
 import torch
 
-from vllm_kunlun.attention import paged
+from vllm_kunlun.ops.attention import paged_portable as paged
 
 CUDA = pytest.param(
     "cuda",
