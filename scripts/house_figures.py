@@ -41,8 +41,12 @@ def imports(root: Path) -> dict[str, set[str]]:
             if isinstance(node, ast.Import):
                 names = [a.name for a in node.names]
             elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-                names = [node.module]
-                names += [f"{node.module}.{a.name}" for a in node.names]
+                # ``from pkg import sub`` names the submodule; the package itself
+                # only when some name is not a submodule (a function, a class).
+                subs = [f"{node.module}.{a.name}" for a in node.names]
+                names = [n for n in subs if n in files]
+                if len(names) < len(subs):
+                    names.append(node.module)
             else:
                 continue
             for name in names:
@@ -102,9 +106,13 @@ def main() -> None:
             if room(t) != room(mod):
                 arrows[room(mod)].add(room(t))
     n_arrows = sum(len(v) for v in arrows.values())
-    upward = sum(len(v - {"foundation"}) for k, v in arrows.items() if k != "foundation")
+    upward = sum(
+        len(v - {"foundation"}) for k, v in arrows.items() if k != "foundation"
+    )
     print(f"files: {len(graph)}")
-    print(f"rooms: {len(rooms)} ({', '.join(f'{r} {n}' for r, n in sorted(rooms.items()))})")
+    print(
+        f"rooms: {len(rooms)} ({', '.join(f'{r} {n}' for r, n in sorted(rooms.items()))})"
+    )
     print(f"arrows between rooms: {n_arrows} ({upward} not to the foundation)")
     for comp in cycles(dict(arrows)):
         print(f"layer loop: {' <-> '.join(comp)}")
