@@ -11,23 +11,16 @@ by class path only.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+
+from vllm_kunlun.ops.active_platform import MARKER, active_plugin_platform
 
 KUNLUN_PLATFORM = "vllm_kunlun.platforms.kunlun.KunlunPlatform"
 EMULATION_PLATFORM = "vllm_kunlun.platforms.emulation.KunlunHostEmulationPlatform"
 EMULATION_ENV = "VLLM_KUNLUN_HOST_EMULATION"
 
 
-MARKER = "is_vllm_kunlun_platform"
-"""Class attribute every vllm-kunlun platform sets: lower layers (ops, quantization)
-ask ``active_plugin_platform()`` instead of importing the platform classes."""
-
-
-def active_plugin_platform() -> Any | None:
-    """vLLM's current platform when it is one of ours (Kunlun or host emulation)."""
-    from vllm.platforms import current_platform
-
-    return current_platform if getattr(current_platform, MARKER, False) else None
+# Re-exported from ops (the seams below this layer ask vLLM for the platform themselves).
+__all__ = ["MARKER", "active_plugin_platform"]
 
 
 @dataclass(frozen=True)

@@ -28,6 +28,7 @@ import torch
 
 from vllm_kunlun.logger import init_logger
 from vllm_kunlun.ops import vendor
+from vllm_kunlun.ops.active_platform import platform_policy
 
 logger = init_logger(__name__)
 
@@ -41,16 +42,6 @@ FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
 class Refused(Exception):
     """The vendor call form cannot take these inputs; the message says why."""
-
-
-def platform_policy() -> tuple[bool, str]:
-    """Whether the active vLLM platform routes work to vendor kernels, and why."""
-    from vllm_kunlun.hardware import active_plugin_platform
-
-    platform = active_plugin_platform()
-    if platform is None:
-        return False, "the active vLLM platform is not a vllm-kunlun platform"
-    return platform.vendor_kernels()  # type: ignore[no-any-return]
 
 
 _ROUTES: list[Route] = []

@@ -54,7 +54,7 @@ class KunlunInt8ScaledMMLinearKernel(Int8ScaledMMLinearKernel):
     def is_supported(
         cls, compute_capability: int | None = None
     ) -> tuple[bool, str | None]:
-        from vllm_kunlun.hardware import active_plugin_platform
+        from vllm_kunlun.ops.active_platform import active_plugin_platform
 
         if active_plugin_platform() is not None:
             return True, None
