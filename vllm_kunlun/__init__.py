@@ -35,11 +35,12 @@ def register() -> str | None:
     logger = init_logger(__name__)
     try:
         from vllm_kunlun.hardware import select_platform
+        from vllm_kunlun.patching.phases import Phase, apply_phase
         from vllm_kunlun.patching.schema import needed as schema_fix_needed
-        from vllm_kunlun.platforms.runtime_fixes import apply_schema_fix
 
-        # Device or not: on torch < 2.6 no vLLM command imports vllm.config without it.
-        apply_schema_fix()
+        # Device or not: on torch < 2.6 no vLLM command imports vllm.config without
+        # the schema fix, this phase's patch.
+        apply_phase(Phase.PROCESS_START)
         if schema_fix_needed():  # the stack whose vLLM logs the known messages
             logger.info_once(KNOWN_MESSAGES_LINE)
         selection = select_platform()
@@ -80,18 +81,15 @@ def register_runtime_fixes() -> None:
 
         if active_plugin_platform() is None:
             return
-        from vllm_kunlun.guards import request_limits, shutdown, token_ids
-        from vllm_kunlun.guards.model_path import install as install_guards
+        from vllm_kunlun.patching.phases import Phase, apply_phase
         from vllm_kunlun.platforms.runtime_fixes import prepare_model_process
 
         prepare_model_process()
         # vLLM loads general plugins at the top of EngineArgs.__post_init__, before it
         # resolves the model path, and only from inside functions: arg_utils is fully
-        # imported here, which the platform's __init__ cannot rely on.
-        install_guards()
-        token_ids.install()
-        shutdown.install()  # only where vLLM's OpenAI server runs
-        request_limits.install()  # the API server is imported by now (vllm serve)
+        # imported here (and the API server, under vllm serve), which the platform's
+        # __init__ cannot rely on.
+        apply_phase(Phase.FRONT_END)
     except Exception:
         logger.exception("vllm-kunlun: applying runtime fixes failed")
         raise

@@ -8,10 +8,8 @@ platform yet. The fix is reached through ``patching`` (checks sit below platform
 
 from __future__ import annotations
 
-from vllm_kunlun import envs
-from vllm_kunlun.patching import schema
+from vllm_kunlun.patching.phases import Phase, apply_phase
 
 
 def ensure_vllm_importable() -> None:
-    if envs.VLLM_KUNLUN_SCHEMA_FIX:
-        schema.apply()
+    apply_phase(Phase.PROCESS_START)  # the schema fix, as register() applies it

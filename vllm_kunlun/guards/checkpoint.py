@@ -332,5 +332,8 @@ def apply() -> bool:
     )
 
 
+RUNTIME_PATCHES = {NAME: lambda phase: apply()}  # phases.apply_phase's hook
+
+
 def revert() -> None:
     PATCH.revert()

@@ -138,6 +138,9 @@ def install() -> bool:
     return True
 
 
+RUNTIME_PATCHES = {NAME: lambda phase: install()}  # phases.apply_phase's hook
+
+
 def installed() -> bool:
     return all(patch.applied() for patch in _PATCHES)
 

@@ -297,17 +297,30 @@ BODY_PATCH = AttributePatch(
 )
 
 
+def install_request_guard() -> bool:
+    """The request guard; True when this call installed it. A vLLM whose method
+    differs keeps its own checks, with a warning."""
+    return PATCH.apply_or_warn("requests are checked by vLLM alone")
+
+
+def install_body_check() -> bool:
+    """The body check, only where vLLM's API server is imported (importing it only to
+    patch it would cost seconds per process); True when this call installed it."""
+    if API_SERVER not in sys.modules:
+        return False
+    return BODY_PATCH.apply_or_warn("a non-object JSON body is left to vLLM")
+
+
 def install() -> bool:
-    """Install the request guard, and the body check where vLLM's API server is
-    imported; True when this call installed something. A vLLM whose targets differ
-    keeps its own behaviour, with a warning."""
-    done = False
-    targets = [(PATCH, "requests are checked by vLLM alone")]
-    if API_SERVER in sys.modules:
-        targets.append((BODY_PATCH, "a non-object JSON body is left to vLLM"))
-    for patch, fallback in targets:
-        done = patch.apply_or_warn(fallback) or done
-    return done
+    """Both of this module's patches; True when this call installed something."""
+    return install_request_guard() | install_body_check()
+
+
+# phases.apply_phase's hook (patching/phases.py)
+RUNTIME_PATCHES = {
+    NAME: lambda phase: install_request_guard(),
+    BODY_NAME: lambda phase: install_body_check(),
+}
 
 
 def installed() -> bool:

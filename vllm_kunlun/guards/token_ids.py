@@ -99,6 +99,9 @@ def install() -> bool:
     )
 
 
+RUNTIME_PATCHES = {NAME: lambda phase: install()}  # phases.apply_phase's hook
+
+
 def installed() -> bool:
     return PATCH.applied()
 

@@ -1,7 +1,8 @@
 """Named runtime patches that let vLLM 0.15.1 run hybrid (Gated DeltaNet) models here.
 
-Applied by ``apply_all()`` from the Qwen3.5 model's constructor, i.e. in the process
-that runs the model (engine core or worker), whatever ``VLLM_PLUGINS`` says; idempotent.
+Applied in ``Phase.HYBRID_MODEL`` (``patching.phases.apply_phase`` through
+``RUNTIME_PATCHES``) from the Qwen3.5 model's constructor, i.e. in the process that
+runs the model (engine core or worker), whatever ``VLLM_PLUGINS`` says; idempotent.
 Each patch keeps the original, checks that the upstream object is the one it was written
 for (``PatchMismatch`` names what differs), and reverts.
 
@@ -408,30 +409,36 @@ PATCH_GROUPS: dict[str, tuple[AttributePatch, ...]] = {
 }
 
 
-def apply_all() -> list[str]:
-    """Apply every hybrid-model patch not yet applied; returns the names applied now.
+def apply_one(name: str) -> bool:
+    """Apply one hybrid-model entry (all its patches or none); True when this call did.
 
     A mismatching upstream raises: a hybrid model served without these fixes would
     fail at its first prefill or silently read stale state.
     """
-    done = []
-    for name, patches in PATCH_GROUPS.items():
-        if name == MAMBA_COPY:
-            needed, why = copy_needs_portable()
-            if not needed:
-                logger.info_once(
-                    "vllm-kunlun: %s not applied: vLLM's Triton copy can run (%s)",
-                    MAMBA_COPY,
-                    why,
-                )
-                continue
-        if apply_group(patches):
-            done.append(name)
-    if done:
-        logger.info(
-            "vllm-kunlun: hybrid-model runtime patches applied: %s", ", ".join(done)
-        )
-    return done
+    if name == MAMBA_COPY:
+        needed, why = copy_needs_portable()
+        if not needed:
+            logger.info_once(
+                "vllm-kunlun: %s not applied: vLLM's Triton copy can run (%s)",
+                MAMBA_COPY,
+                why,
+            )
+            return False
+    if not apply_group(PATCH_GROUPS[name]):
+        return False
+    logger.info("vllm-kunlun: hybrid-model runtime patch %s applied", name)
+    return True
+
+
+def apply_all() -> list[str]:
+    """Apply every hybrid-model patch not yet applied; returns the names applied now."""
+    return [name for name in PATCH_GROUPS if apply_one(name)]
+
+
+# phases.apply_phase's hook (patching/phases.py)
+RUNTIME_PATCHES = {
+    name: (lambda phase, name=name: apply_one(name)) for name in PATCH_GROUPS
+}
 
 
 def revert_all() -> None:

@@ -391,11 +391,11 @@ class Qwen3_5ForCausalLM(nn.Module, HasInnerState, IsHybrid, SupportsMRoPE):
     def __init__(self, *, vllm_config: VllmConfig, prefix: str = "") -> None:
         super().__init__()
         _refuse_unsupported(vllm_config)
-        from vllm_kunlun.models.patches import apply_all
+        from vllm_kunlun.patching.phases import Phase, apply_phase
 
         # The GDN kernels and the hybrid-state fixes must be in place in the process
         # that runs this model (engine core or worker), whatever VLLM_PLUGINS says.
-        apply_all()
+        apply_phase(Phase.HYBRID_MODEL)
         config = text_config(vllm_config)
         self.config = config
         self.vllm_config = vllm_config

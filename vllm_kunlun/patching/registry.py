@@ -2,10 +2,11 @@
 
 A runtime patch changes a live object (a module attribute, a class, a torch table) in
 the process that runs it, never a file. The implementations live next to what they
-serve (``sample/patches.py``, ``models/patches.py``, ``guards/`` ...); this table is
-the one list of them: ``vllm-kunlun patch status`` and the doctor print it beside the
-file patch set, and a test fails when a patch object exists that is not declared here
-(or the other way round).
+serve (``sample/``, ``models/``, ``guards/`` ...); this table is the one list of them:
+``vllm-kunlun patch status`` and the doctor print it beside the file patch set, a test
+fails when a patch object exists that is not declared here (or the other way round),
+and ``phases.apply_phase`` applies each entry at the phases it names, through the
+``RUNTIME_PATCHES`` hook of its module.
 
 This module imports neither vLLM nor the plugin's logger: the patch CLI must work on a
 vLLM tree that does not import. States are read from modules already imported.
@@ -17,24 +18,35 @@ import sys
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from vllm_kunlun.patching.phases import Phase
+
 
 @dataclass(frozen=True)
 class RuntimePatch:
     """One named runtime patch. ``targets`` go in together or not at all."""
 
     name: str
-    module: str  # the plugin module that defines (and applies) it
+    module: str  # the plugin module that defines it (and its RUNTIME_PATCHES hook)
     targets: tuple[str, ...]
     why: str
-    applied_by: str
+    phases: tuple[Phase, ...]  # when in a process it goes in (phases.apply_phase)
     removable_when: str
 
+    @property
+    def applied_by(self) -> str:
+        return "; ".join(phase.sentence for phase in self.phases)
+
     def to_json(self) -> dict[str, Any]:
-        return {**asdict(self), "targets": list(self.targets)}
+        return {
+            **asdict(self),
+            "targets": list(self.targets),
+            "phases": [phase.name for phase in self.phases],
+            "applied_by": self.applied_by,
+        }
 
 
-_WORKER = "the plugin's worker, in every process that builds a model"
-_FRONT = "the platform and the general plugin, in the processes that parse arguments"
+_WORKER = (Phase.MODEL_PROCESS,)
+_FRONT = (Phase.FRONT_END,)
 
 REGISTRY: tuple[RuntimePatch, ...] = (
     RuntimePatch(
@@ -46,7 +58,7 @@ REGISTRY: tuple[RuntimePatch, ...] = (
         ),
         "torch 2.5.1 cannot infer custom-op schemas from list[int] / X | None: "
         "`import vllm.config` fails",
-        "register(), whatever the platform (torch < 2.6 only)",
+        (Phase.PROCESS_START, Phase.PLATFORM_LOAD, Phase.MODEL_PROCESS),
         "torch >= 2.6",
     ),
     RuntimePatch(
@@ -54,7 +66,7 @@ REGISTRY: tuple[RuntimePatch, ...] = (
         "vllm_kunlun.patching.wrap_triton",
         ("torch.library.wrap_triton",),
         "torch 2.5.1 lacks the name, which every quantized checkpoint's config imports",
-        "the platform, in every process (torch < 2.6 only)",
+        (Phase.PLATFORM_LOAD, Phase.MODEL_PROCESS),
         "torch >= 2.6",
     ),
     RuntimePatch(
@@ -91,8 +103,18 @@ REGISTRY: tuple[RuntimePatch, ...] = (
         ),
         "no int8 kernel list for out-of-tree platforms: W8A8 checkpoints fail with "
         "KeyError: PlatformEnum.OOT",
-        _WORKER + ", when the model is quantized",
+        (Phase.QUANTIZED_MODEL, Phase.MODEL_PROCESS),
         "vLLM registers int8 kernels for out-of-tree platforms",
+    ),
+    RuntimePatch(
+        "kunlun_vendor_custom_ops",
+        "vllm_kunlun.ops.custom_ops",
+        ("vllm.model_executor.custom_op.op_registry_oot",),
+        "on an out-of-tree platform every CustomOp runs forward_native (a torch "
+        "kernel per step of the formula); the vendor library has fused RMSNorm, "
+        "rotary and SiLU-and-mul kernels",
+        _WORKER,
+        "vLLM ships Kunlun kernels for these ops",
     ),
     RuntimePatch(
         "kunlun_gdn_kernels",
@@ -109,7 +131,7 @@ REGISTRY: tuple[RuntimePatch, ...] = (
         ),
         "vLLM's Gated DeltaNet kernels are Triton-only; the vendor decode kernel never "
         "runs",
-        "the Qwen3.5 model's constructor",
+        (Phase.HYBRID_MODEL,),
         "vLLM routes GDN kernels through a platform hook",
     ),
     RuntimePatch(
@@ -117,7 +139,7 @@ REGISTRY: tuple[RuntimePatch, ...] = (
         "vllm_kunlun.models.patches",
         ("vllm.v1.attention.backends.gdn_attn.GDNAttentionMetadataBuilder",),
         "a 1-token new request in a decode-only batch reads a recycled state slot",
-        "the Qwen3.5 model's constructor",
+        (Phase.HYBRID_MODEL,),
         "a vLLM that treats zero-context requests as prefills in GDN metadata",
     ),
     RuntimePatch(
@@ -129,7 +151,7 @@ REGISTRY: tuple[RuntimePatch, ...] = (
         ),
         "prefix caching on a hybrid model copies state through Triton with "
         'device="cuda" hard-coded',
-        "the Qwen3.5 model's constructor, when Triton has no driver",
+        (Phase.HYBRID_MODEL,),
         "vLLM's mamba block copy has a non-Triton path",
     ),
     RuntimePatch(
@@ -138,7 +160,7 @@ REGISTRY: tuple[RuntimePatch, ...] = (
         ("vllm.utils.torch_utils.weak_ref_tensor",),
         "graph capture calls torch.ops._C.weak_ref_tensor, and vllm._C cannot load on "
         "torch 2.5.1",
-        "the platform's import_kernels, once the native extension loaded",
+        (Phase.NATIVE_KERNELS,),
         "vllm._C loads next to the torch in use",
     ),
     RuntimePatch(
@@ -163,7 +185,7 @@ REGISTRY: tuple[RuntimePatch, ...] = (
         "a quantized checkpoint missing a tensor loads silently (vLLM checks "
         "completeness only for unquantized models) and the weight loaders cut an "
         "oversize tensor to fit",
-        "the plugin's worker, in every process that loads a checkpoint",
+        (Phase.WEIGHT_LOAD,),
         "vLLM checks loaded shapes and quantized models' completeness",
     ),
     RuntimePatch(
@@ -190,7 +212,7 @@ REGISTRY: tuple[RuntimePatch, ...] = (
         ("vllm.entrypoints.openai.api_server.build_app",),
         "a JSON body that is not an object ([1,2,3], null) is a 500 and a dropped "
         "keep-alive connection",
-        _FRONT + ", where vLLM's API server is imported",
+        _FRONT,
         "vLLM answers a non-object request body with 400",
     ),
     RuntimePatch(
@@ -200,14 +222,15 @@ REGISTRY: tuple[RuntimePatch, ...] = (
         "on SIGINT / SIGTERM in-flight requests wait forever on the stopped engine and "
         "uvicorn waits for their clients to give up (minutes); a second Ctrl-C does "
         "nothing",
-        "the platform and the general plugin, in the processes that parse arguments, "
-        "where vLLM's API server is imported",
+        _FRONT,
         "vLLM fails in-flight requests on shutdown and bounds its graceful wait",
     ),
 )
 
 BY_NAME = {p.name: p for p in REGISTRY}
 TORCH_FIXES = ("schema_pep585", "torch_wrap_triton")
+# Entries that change a table rather than an attribute: no AttributePatch object.
+NOT_ATTRIBUTES = ("schema_pep585", "kunlun_vendor_custom_ops")
 
 
 def live_patches(entry: RuntimePatch) -> list[Any]:

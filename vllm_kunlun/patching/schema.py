@@ -78,6 +78,41 @@ def apply() -> bool:
     return True
 
 
+def apply_fix() -> bool:
+    """``apply`` unless ``VLLM_KUNLUN_SCHEMA_FIX=0``, saying what it did or what breaks.
+
+    Without it ``import vllm.config`` fails on torch 2.5.1, so even client-only commands
+    (``vllm bench serve --help``) die on a host without a Kunlun device: ``register()``
+    applies it (``Phase.PROCESS_START``) before it decides anything, since vLLM resolves
+    its platform (and so calls ``register()``) just before it registers its first
+    custom op. Idempotent.
+    """
+    from vllm_kunlun import envs
+    from vllm_kunlun.logger import init_logger  # vLLM's logger: not for the CLI
+
+    logger = init_logger(__name__)
+    if envs.VLLM_KUNLUN_SCHEMA_FIX:
+        if apply():
+            logger.info(
+                "vllm-kunlun: runtime patch %s applied (torch %s infers custom-op "
+                "schemas from list[int] / X | None)",
+                NAME,
+                torch.__version__,
+            )
+            return True
+    elif needed():
+        logger.warning_once(
+            "vllm-kunlun: VLLM_KUNLUN_SCHEMA_FIX=0 on torch < 2.6: importing vllm.config "
+            "will fail in vllm/distributed/parallel_state.py unless the patch set is "
+            "applied (vllm-kunlun patch apply)"
+        )
+    return False
+
+
+# phases.apply_phase's hook (patching/phases.py)
+RUNTIME_PATCHES = {NAME: lambda phase: apply_fix()}
+
+
 def applied() -> bool:
     return bool(_added)
 

@@ -59,6 +59,16 @@ def apply() -> bool:
     return PATCH.apply()
 
 
+def apply_or_warn() -> bool:
+    """vLLM's graph wrapper keeps captured outputs through our weak_ref_tensor op; a
+    vLLM whose function differs keeps its own (which needs vllm._C), with a warning."""
+    return PATCH.apply_or_warn("graph capture calls vLLM's own weak_ref_tensor")
+
+
+# phases.apply_phase's hook (patching/phases.py)
+RUNTIME_PATCHES = {NAME: lambda phase: apply_or_warn()}
+
+
 def revert() -> None:
     PATCH.revert()
 

@@ -64,6 +64,26 @@ def apply() -> bool:
     return PATCH.apply()
 
 
+def apply_and_log() -> bool:
+    """``apply``, logged once when it added the name."""
+    if not apply():
+        return False
+    from vllm_kunlun.logger import init_logger  # vLLM's logger: not for the CLI
+
+    init_logger(__name__).info(
+        "vllm-kunlun: runtime patch %s applied (torch %s lacks %s, which every "
+        "quantized checkpoint imports)",
+        NAME,
+        torch.__version__,
+        TARGET,
+    )
+    return True
+
+
+# phases.apply_phase's hook (patching/phases.py)
+RUNTIME_PATCHES = {NAME: lambda phase: apply_and_log()}
+
+
 def revert() -> None:
     PATCH.revert()
 

@@ -19,7 +19,7 @@ from vllm.v1.attention.backends.registry import AttentionBackendEnum
 from vllm_kunlun import envs
 from vllm_kunlun.hardware.device import probe_devices
 from vllm_kunlun.logger import init_logger
-from vllm_kunlun.platforms.runtime_fixes import apply_runtime_fixes
+from vllm_kunlun.patching.phases import Phase, apply_phase
 
 if TYPE_CHECKING:
     from torch.distributed import PrefixStore, ProcessGroup
@@ -96,7 +96,7 @@ class KunlunPlatformBase(Platform):
         check_environment()
         # vLLM builds the platform object while it imports its own modules; the schema
         # fix has to be in place before vllm.distributed registers its custom ops.
-        apply_runtime_fixes()
+        apply_phase(Phase.PLATFORM_LOAD)
         logger.info("vllm-kunlun: %s", self._banner)
 
     @classmethod
@@ -105,14 +105,9 @@ class KunlunPlatformBase(Platform):
     ) -> None:
         # Called before vLLM reads --model (CLI parser, top of create_engine_config):
         # the model-path guard must be in place by then (see vllm_kunlun/guards/model_path.py).
-        from vllm_kunlun.guards import request_limits, shutdown, token_ids
-        from vllm_kunlun.guards.model_path import install
         from vllm_kunlun.models import register_models
 
-        install()
-        token_ids.install()
-        shutdown.install()
-        request_limits.install()
+        apply_phase(Phase.FRONT_END)
         # ModelConfig resolves the architecture right after this hook.
         register_models()
 
@@ -128,13 +123,11 @@ class KunlunPlatformBase(Platform):
         """A quantized model is being configured: refuse a method the platform cannot
         run (vllm_kunlun/quantization/schemes.py), register our int8 kernel before
         vLLM builds its W8A8 layers (vllm_kunlun/quantization/patches.py)."""
-        from vllm_kunlun.quantization import patches
         from vllm_kunlun.quantization.schemes import refuse_method
 
         refuse_method(quant, cls._attn_where)
         super().verify_quantization(quant)
-
-        patches.apply()
+        apply_phase(Phase.QUANTIZED_MODEL)
 
     # ---- attention ------------------------------------------------------------------
     @classmethod
@@ -255,7 +248,8 @@ class KunlunPlatformBase(Platform):
         from vllm_kunlun.ops import native
 
         if native.load():
-            _point_vllm_weak_ref_at_native()
+            # vLLM's graph wrapper keeps captured outputs through our weak_ref_tensor.
+            apply_phase(Phase.NATIVE_KERNELS)
 
     @classmethod
     def support_hybrid_kv_cache(cls) -> bool:
@@ -271,18 +265,6 @@ class KunlunPlatformBase(Platform):
             "not validated on P800. Serve without --enable-lora (merge the adapter into "
             "the weights instead)."
         )
-
-
-def _point_vllm_weak_ref_at_native() -> None:
-    """vLLM's graph wrapper keeps captured outputs through our weak_ref_tensor op."""
-    from vllm_kunlun.patching import weak_ref
-    from vllm_kunlun.patching.attribute import PatchMismatch
-
-    try:
-        if weak_ref.apply():
-            logger.info("vllm-kunlun: runtime patch %s applied", weak_ref.NAME)
-    except PatchMismatch as exc:
-        logger.warning_once("vllm-kunlun: %s", str(exc))
 
 
 class KunlunPlatform(KunlunPlatformBase):

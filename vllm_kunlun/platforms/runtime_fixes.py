@@ -1,62 +1,13 @@
-"""The named runtime patches applied while a vllm-kunlun platform is active, and the
-schema fix, applied whenever torch < 2.6 is installed."""
+"""What a process about to build a model runs first: the model-process phase of the
+runtime patches (``patching/phases.py``), the model registrations, and the
+checkpoint guard where the process loads weights."""
 
 from __future__ import annotations
 
-from vllm_kunlun import envs
 from vllm_kunlun.logger import init_logger
-from vllm_kunlun.patching import schema, wrap_triton
-from vllm_kunlun.patching.attribute import platform_resolved
-from vllm_kunlun.quantization import patches as int8_patches
-from vllm_kunlun.sample import patches as sample_patches
+from vllm_kunlun.patching.phases import Phase, apply_phase
 
 logger = init_logger(__name__)
-
-
-def apply_schema_fix() -> None:
-    """``schema_pep585`` whenever torch < 2.6 is installed, whatever the platform.
-
-    Without it ``import vllm.config`` fails on torch 2.5.1, so even client-only commands
-    (``vllm bench serve --help``) die on a host without a Kunlun device. ``register()``
-    calls this before it decides anything: vLLM resolves its platform (and so calls
-    ``register()``) just before it registers its first custom op. Idempotent.
-    """
-    if envs.VLLM_KUNLUN_SCHEMA_FIX:
-        if schema.apply():
-            logger.info(
-                "vllm-kunlun: runtime patch %s applied (torch %s infers custom-op "
-                "schemas from list[int] / X | None)",
-                schema.NAME,
-                __import__("torch").__version__,
-            )
-    elif schema.needed():
-        logger.warning_once(
-            "vllm-kunlun: VLLM_KUNLUN_SCHEMA_FIX=0 on torch < 2.6: importing vllm.config "
-            "will fail in vllm/distributed/parallel_state.py unless the patch set is "
-            "applied (vllm-kunlun patch apply)"
-        )
-
-
-def apply_runtime_fixes() -> None:
-    """Idempotent: safe in every process and on every call."""
-    apply_schema_fix()
-    if wrap_triton.apply():
-        logger.info(
-            "vllm-kunlun: runtime patch %s applied (torch %s lacks %s, which every "
-            "quantized checkpoint imports)",
-            wrap_triton.NAME,
-            __import__("torch").__version__,
-            wrap_triton.TARGET,
-        )
-    # Device-side sampling; deferred while vLLM is still resolving current_platform.
-    sample_patches.apply_all()
-    if platform_resolved():
-        int8_patches.apply_if_loaded()
-    # vLLM's CustomOps on the vendor kernels (when the platform wants them); deferred
-    # the same way.
-    from vllm_kunlun.ops import custom_ops
-
-    custom_ops.register_all()
 
 
 def prepare_model_process(loads_weights: bool = False) -> None:
@@ -70,12 +21,10 @@ def prepare_model_process(loads_weights: bool = False) -> None:
     """
     from vllm_kunlun.models import register_models
 
-    apply_runtime_fixes()
+    apply_phase(Phase.MODEL_PROCESS)
     register_models()
     if loads_weights:
-        from vllm_kunlun.guards import checkpoint
-
-        checkpoint.apply()
+        apply_phase(Phase.WEIGHT_LOAD)
 
 
 GENERAL_PLUGIN = "kunlun_runtime_fixes"

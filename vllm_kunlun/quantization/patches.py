@@ -9,11 +9,10 @@ How: replace that module-level dict with a copy that adds
 call time; the check makes sure it still does, and that the signature is 0.15.1's).
 When: the module costs seconds to import and only quantized models need it, so the
 patch goes in where it is needed, in every process that builds a model:
-``apply_if_loaded`` from the platform's runtime fixes (the general plugin runs in the
-engine core and in each worker after their ``VllmConfig``, whose quantization config
-imports the module, has been unpickled) and ``apply`` from
-``KunlunPlatformBase.verify_quantization`` (the process that builds the config, and an
-in-process engine). Revertible. Removal: when vLLM registers int8 kernels for
+``apply_if_loaded`` in ``Phase.MODEL_PROCESS`` (the worker and the general plugin run
+after their ``VllmConfig``, whose quantization config imports the module, has been
+unpickled) and ``apply`` in ``Phase.QUANTIZED_MODEL`` (``verify_quantization``: the
+process that builds the config, and an in-process engine). Revertible. Removal: when vLLM registers int8 kernels for
 out-of-tree platforms.
 """
 
@@ -29,7 +28,9 @@ from vllm_kunlun.patching.attribute import (
     PatchMismatch,
     expect_call,
     expect_params,
+    platform_resolved,
 )
+from vllm_kunlun.patching.phases import Phase
 
 logger = init_logger(__name__)
 
@@ -92,10 +93,18 @@ def apply() -> bool:
 
 def apply_if_loaded() -> bool:
     """Apply only if this process already imported the scaled_mm kernels (a quantized
-    model's config did); cheap otherwise."""
-    if MODULE not in sys.modules:
+    model's config did) and vLLM's platform is resolved; cheap otherwise."""
+    if MODULE not in sys.modules or not platform_resolved():
         return False
     return apply()
+
+
+def _apply_in(phase: Phase) -> bool:
+    return apply() if phase is Phase.QUANTIZED_MODEL else apply_if_loaded()
+
+
+# phases.apply_phase's hook (patching/phases.py)
+RUNTIME_PATCHES = {NAME: _apply_in}
 
 
 def revert() -> None:

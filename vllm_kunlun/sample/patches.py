@@ -2,7 +2,8 @@
 
 Each patch replaces one module attribute, keeps the original, checks first that the
 upstream object looks like the one it was written for (and says what differs when it
-does not), and can be reverted. Applied by ``platforms.runtime_fixes.apply_runtime_fixes``
+does not), and can be reverted. Applied in the model process
+(``Phase.MODEL_PROCESS``: ``patching.phases.apply_phase`` through ``RUNTIME_PATCHES``)
 while a Kunlun platform is active.
 
 * ``kunlun_topk_topp_sampler``: ``vllm.v1.sample.sampler.TopKTopPSampler`` ->
@@ -145,28 +146,39 @@ PATCHES: tuple[AttributePatch, ...] = (
 )
 
 
-def apply_all() -> list[str]:
-    """Apply every sampling patch not yet applied; returns the names applied now.
+def apply_one(patch: AttributePatch) -> bool:
+    """Apply one sampling patch (each its own registry entry: one may go in without
+    another); True when this call applied it.
 
-    A patch whose upstream target differs from vLLM 0.15.1's is skipped with a warning
-    that names the difference (vLLM keeps working, with its own slower sampling there).
+    Deferred while vLLM is still resolving ``current_platform``. A patch whose upstream
+    target differs from vLLM 0.15.1's is skipped with a warning that names the
+    difference (vLLM keeps working, with its own slower sampling there).
     """
     if not platform_resolved():
         logger.debug(
             "vllm-kunlun: sampling patches deferred until vLLM's current_platform is "
             "resolved"
         )
-        return []
-    done = []
-    for patch in PATCHES:  # each its own registry entry: one may go in without another
-        try:
-            if apply_group((patch,)):
-                done.append(patch.name)
-        except PatchMismatch as exc:
-            logger.warning_once("vllm-kunlun: %s", str(exc))
+        return False
+    try:
+        done = apply_group((patch,))
+    except PatchMismatch as exc:
+        logger.warning_once("vllm-kunlun: %s", str(exc))
+        return False
     if done:
-        logger.info("vllm-kunlun: runtime patches applied: %s", ", ".join(done))
+        logger.info("vllm-kunlun: runtime patch %s applied", patch.name)
     return done
+
+
+def apply_all() -> list[str]:
+    """Apply every sampling patch not yet applied; returns the names applied now."""
+    return [patch.name for patch in PATCHES if apply_one(patch)]
+
+
+# phases.apply_phase's hook (patching/phases.py)
+RUNTIME_PATCHES = {
+    patch.name: (lambda phase, patch=patch: apply_one(patch)) for patch in PATCHES
+}
 
 
 def applied() -> list[str]:

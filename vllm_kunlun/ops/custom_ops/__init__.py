@@ -125,6 +125,9 @@ def register_all(policy: tuple[bool, str] | None = None) -> list[str]:
     return done
 
 
+RUNTIME_PATCHES = {"kunlun_vendor_custom_ops": lambda phase: bool(register_all())}
+
+
 def registered() -> list[str]:
     from vllm.model_executor.custom_op import op_registry_oot
 
