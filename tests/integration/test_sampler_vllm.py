@@ -26,6 +26,8 @@ from tests.unit.sampler_reference import (
     probs64,
     reference,
 )
+from vllm_kunlun.patching.attribute import PatchMismatch
+from vllm_kunlun.patching.phases import Phase
 from vllm_kunlun.sample import patches
 from vllm_kunlun.sample.topk_topp import KunlunTopKTopPSampler
 
@@ -36,10 +38,20 @@ ORIGINAL = {
 }
 
 
+def apply_sampling_patches() -> list[str]:
+    """The sampling entries through their RUNTIME_PATCHES hooks (the model-process
+    phase applies other entries too); the names applied now."""
+    return [
+        p.name
+        for p in patches.PATCHES
+        if patches.RUNTIME_PATCHES[p.name](Phase.MODEL_PROCESS)
+    ]
+
+
 @pytest.fixture(scope="module", autouse=True)
 def installed() -> Iterator[None]:
     before = set(patches.applied())
-    patches.apply_all()
+    apply_sampling_patches()
     yield
     for patch in patches.PATCHES:
         if patch.name not in before:
@@ -100,7 +112,7 @@ def seeded(seeds: list[int]) -> dict[int, torch.Generator]:
 def test_sampler_builds_ours_and_revert_restores_vllms() -> None:
     assert set(patches.applied()) == {p.name for p in patches.PATCHES}
     assert isinstance(sampler.Sampler().topk_topp_sampler, KunlunTopKTopPSampler)
-    assert patches.apply_all() == []  # idempotent
+    assert apply_sampling_patches() == []  # idempotent
     patch = patches.PATCHES[0]
     patch.revert()
     try:
@@ -132,9 +144,7 @@ def test_a_changed_upstream_is_named_not_patched(
         "TopKTopPSampler.forward_native takes ('self', 'logits', 'generators', 'k', "
         "'p', 'extra'), expected ('self', 'logits', 'generators', 'k', 'p')"
     )
-    with pytest.raises(
-        patches.PatchMismatch, match=r"pip install --no-deps vllm==0\.15\.1"
-    ):
+    with pytest.raises(PatchMismatch, match=r"pip install --no-deps vllm==0\.15\.1"):
         patch.apply()
     assert sampler.TopKTopPSampler is Other and not patch.applied()
 
@@ -145,7 +155,7 @@ def test_patches_wait_for_the_platform(monkeypatch: pytest.MonkeyPatch) -> None:
     for patch in patches.PATCHES:
         monkeypatch.setattr(patch, "_active", False)  # look unapplied
     monkeypatch.setattr(vllm.platforms, "_current_platform", None)
-    assert patches.apply_all() == []
+    assert apply_sampling_patches() == []
     assert not patches.applied()
 
 

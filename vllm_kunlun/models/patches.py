@@ -430,11 +430,6 @@ def apply_one(name: str) -> bool:
     return True
 
 
-def apply_all() -> list[str]:
-    """Apply every hybrid-model patch not yet applied; returns the names applied now."""
-    return [name for name in PATCH_GROUPS if apply_one(name)]
-
-
 # phases.apply_phase's hook (patching/phases.py)
 RUNTIME_PATCHES = {
     name: (lambda phase, name=name: apply_one(name)) for name in PATCH_GROUPS

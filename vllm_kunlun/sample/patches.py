@@ -26,8 +26,6 @@ from typing import Any
 from vllm_kunlun.logger import init_logger
 from vllm_kunlun.patching.attribute import (
     AttributePatch,
-    PatchMismatch,
-    apply_group,
     expect_call,
     expect_params,
     platform_resolved,
@@ -160,19 +158,10 @@ def apply_one(patch: AttributePatch) -> bool:
             "resolved"
         )
         return False
-    try:
-        done = apply_group((patch,))
-    except PatchMismatch as exc:
-        logger.warning_once("vllm-kunlun: %s", str(exc))
-        return False
+    done = patch.apply_or_warn("this process samples with vLLM's own code")
     if done:
         logger.info("vllm-kunlun: runtime patch %s applied", patch.name)
     return done
-
-
-def apply_all() -> list[str]:
-    """Apply every sampling patch not yet applied; returns the names applied now."""
-    return [patch.name for patch in PATCHES if apply_one(patch)]
 
 
 # phases.apply_phase's hook (patching/phases.py)

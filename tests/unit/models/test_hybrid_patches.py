@@ -20,6 +20,7 @@ from vllm.v1.worker import mamba_utils
 from vllm_kunlun.models import patches
 from vllm_kunlun.ops.gdn import seam as gdn
 from vllm_kunlun.patching.attribute import PatchMismatch, apply_group
+from vllm_kunlun.patching.phases import Phase, apply_phase
 
 
 @pytest.fixture
@@ -267,14 +268,14 @@ def test_the_copy_patches_check_their_callers() -> None:
 # ---- applying ---------------------------------------------------------------------------
 
 
-def test_apply_all_is_idempotent_and_reverts(clean: None) -> None:
+def test_the_hybrid_phase_is_idempotent_and_reverts(clean: None) -> None:
     before = (gdn_attn.GDNAttentionMetadataBuilder, mamba_utils.do_mamba_copy_block)
-    assert patches.apply_all() == [
+    assert apply_phase(Phase.HYBRID_MODEL) == [
         patches.GDN_KERNELS,
         patches.NEW_REQUEST_STATE,
         patches.MAMBA_COPY,  # no Triton driver on this host
     ]
-    assert patches.apply_all() == []
+    assert apply_phase(Phase.HYBRID_MODEL) == []
     assert sorted(patches.applied()) == sorted(patches.PATCH_GROUPS)
     patches.revert_all()
     assert (
@@ -289,9 +290,9 @@ def test_the_triton_copy_stays_where_triton_runs(
 ) -> None:
     monkeypatch.delenv("VLLM_KUNLUN_GDN", raising=False)
     monkeypatch.setattr(gdn, "triton_driver", lambda: (True, "Triton has a driver"))
-    assert patches.MAMBA_COPY not in patches.apply_all()
+    assert patches.MAMBA_COPY not in apply_phase(Phase.HYBRID_MODEL)
     monkeypatch.setenv("VLLM_KUNLUN_GDN", "portable")
-    assert patches.apply_all() == [patches.MAMBA_COPY]
+    assert apply_phase(Phase.HYBRID_MODEL) == [patches.MAMBA_COPY]
 
 
 def test_a_mismatch_applies_nothing_of_the_group(
