@@ -15,39 +15,13 @@ this layer does not import the layers above it.
 
 from __future__ import annotations
 
-import enum
 import importlib
 from collections.abc import Callable
 
+from vllm_kunlun.patching.registry import REGISTRY, Phase
+
 HOOK = "RUNTIME_PATCHES"
-
-
-class Phase(enum.Enum):
-    """The moments a runtime patch goes in; the value is the sentence status prints."""
-
-    PROCESS_START = "register(), in every process vLLM starts, whatever the platform"
-    PLATFORM_LOAD = (
-        "the platform's constructor, in every process a vllm-kunlun platform serves"
-    )
-    FRONT_END = (
-        "the platform's pre_register_and_update and the general plugin, in the "
-        "processes that parse engine arguments"
-    )
-    MODEL_PROCESS = (
-        "the plugin's worker, first thing in every process that builds a model "
-        "whatever VLLM_PLUGINS says (and the general plugin)"
-    )
-    WEIGHT_LOAD = "the plugin's worker, in every process that loads a checkpoint"
-    QUANTIZED_MODEL = (
-        "the platform's verify_quantization, in the process that configures a "
-        "quantized model"
-    )
-    HYBRID_MODEL = "the Qwen3.5 model's constructor, in the process that runs it"
-    NATIVE_KERNELS = "the platform's import_kernels, once the native extension loaded"
-
-    @property
-    def sentence(self) -> str:
-        return str(self.value)
+__all__ = ["CALL_SITES", "HOOK", "Phase", "apply_phase", "hook"]
 
 
 # Where each phase is applied: "module:qualified function name" of every function that
@@ -86,8 +60,6 @@ def apply_phase(phase: Phase) -> list[str]:
     """Apply every registry entry of ``phase``, in registry order; the names applied
     now. Idempotent: an entry already in is skipped by its own hook. A hook that cannot
     apply warns (or raises, where running without the patch would be wrong)."""
-    from vllm_kunlun.patching.registry import REGISTRY
-
     return [
         entry.name
         for entry in REGISTRY

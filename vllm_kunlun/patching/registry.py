@@ -14,11 +14,38 @@ vLLM tree that does not import. States are read from modules already imported.
 
 from __future__ import annotations
 
+import enum
 import sys
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from vllm_kunlun.patching.phases import Phase
+
+class Phase(enum.Enum):
+    """The moments a runtime patch goes in; the value is the sentence status prints."""
+
+    PROCESS_START = "register(), in every process vLLM starts, whatever the platform"
+    PLATFORM_LOAD = (
+        "the platform's constructor, in every process a vllm-kunlun platform serves"
+    )
+    FRONT_END = (
+        "the platform's pre_register_and_update and the general plugin, in the "
+        "processes that parse engine arguments"
+    )
+    MODEL_PROCESS = (
+        "the plugin's worker, first thing in every process that builds a model "
+        "whatever VLLM_PLUGINS says (and the general plugin)"
+    )
+    WEIGHT_LOAD = "the plugin's worker, in every process that loads a checkpoint"
+    QUANTIZED_MODEL = (
+        "the platform's verify_quantization, in the process that configures a "
+        "quantized model"
+    )
+    HYBRID_MODEL = "the Qwen3.5 model's constructor, in the process that runs it"
+    NATIVE_KERNELS = "the platform's import_kernels, once the native extension loaded"
+
+    @property
+    def sentence(self) -> str:
+        return str(self.value)
 
 
 @dataclass(frozen=True)
