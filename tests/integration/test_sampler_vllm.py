@@ -1,5 +1,6 @@
 """Device-side sampling inside real vLLM 0.15.1 (CPU): Sampler, rejection sampler,
-spec-decode helper, through the runtime patches of vllm_kunlun/sample/patches.py.
+spec-decode helper, through the runtime patches of
+vllm_kunlun/sample/sampler_patches.py.
 
 Goodness of fit: Pearson chi-square, fails when p < ALPHA = 1e-4 (fixed seeds).
 """
@@ -28,7 +29,7 @@ from tests.unit.sampler_reference import (
 )
 from vllm_kunlun.patching.attribute import PatchMismatch
 from vllm_kunlun.patching.phases import Phase
-from vllm_kunlun.sample import patches
+from vllm_kunlun.sample import sampler_patches
 from vllm_kunlun.sample.topk_topp import KunlunTopKTopPSampler
 
 ORIGINAL = {
@@ -43,17 +44,17 @@ def apply_sampling_patches() -> list[str]:
     phase applies other entries too); the names applied now."""
     return [
         p.name
-        for p in patches.PATCHES
-        if patches.RUNTIME_PATCHES[p.name](Phase.MODEL_PROCESS)
+        for p in sampler_patches.PATCHES
+        if sampler_patches.RUNTIME_PATCHES[p.name](Phase.MODEL_PROCESS)
     ]
 
 
 @pytest.fixture(scope="module", autouse=True)
 def installed() -> Iterator[None]:
-    before = set(patches.applied())
+    before = set(sampler_patches.applied())
     apply_sampling_patches()
     yield
-    for patch in patches.PATCHES:
+    for patch in sampler_patches.PATCHES:
         if patch.name not in before:
             patch.revert()
 
@@ -110,10 +111,10 @@ def seeded(seeds: list[int]) -> dict[int, torch.Generator]:
 
 
 def test_sampler_builds_ours_and_revert_restores_vllms() -> None:
-    assert set(patches.applied()) == {p.name for p in patches.PATCHES}
+    assert set(sampler_patches.applied()) == {p.name for p in sampler_patches.PATCHES}
     assert isinstance(sampler.Sampler().topk_topp_sampler, KunlunTopKTopPSampler)
     assert apply_sampling_patches() == []  # idempotent
-    patch = patches.PATCHES[0]
+    patch = sampler_patches.PATCHES[0]
     patch.revert()
     try:
         built = sampler.Sampler().topk_topp_sampler
@@ -132,12 +133,12 @@ def test_a_changed_upstream_is_named_not_patched(
         def forward_native(self, logits, generators, k, p, extra):  # type: ignore[no-untyped-def]
             raise NotImplementedError
 
-    patch = patches.AttributePatch(
+    patch = sampler_patches.AttributePatch(
         "probe",
         "vllm.v1.sample.sampler",
         "TopKTopPSampler",
         lambda o: o,
-        patches.PATCHES[0].check,
+        sampler_patches.PATCHES[0].check,
     )
     monkeypatch.setattr(sampler, "TopKTopPSampler", Other)
     assert patch.mismatch() == (
@@ -152,11 +153,11 @@ def test_a_changed_upstream_is_named_not_patched(
 def test_patches_wait_for_the_platform(monkeypatch: pytest.MonkeyPatch) -> None:
     import vllm.platforms
 
-    for patch in patches.PATCHES:
+    for patch in sampler_patches.PATCHES:
         monkeypatch.setattr(patch, "_active", False)  # look unapplied
     monkeypatch.setattr(vllm.platforms, "_current_platform", None)
     assert apply_sampling_patches() == []
-    assert not patches.applied()
+    assert not sampler_patches.applied()
 
 
 # ---- statistics inside vLLM's Sampler ------------------------------------------------

@@ -177,7 +177,7 @@ def check_sampler_path(ctx: Context) -> Finding:
     ensure_vllm_importable()
     from vllm_kunlun import envs
     from vllm_kunlun.ops.sampling.seam import select_kernels
-    from vllm_kunlun.sample.patches import PATCHES
+    from vllm_kunlun.sample.sampler_patches import PATCHES
     from vllm_kunlun.sample.topk_topp import KunlunTopKTopPSampler
 
     platform, ours = _platform()

@@ -11,7 +11,7 @@ How: vLLM's Qwen3-Next blocks are reused where Qwen3.5 is the same:
 - ``Qwen3NextGatedDeltaNet``'s core: the ``vllm::gdn_attention_core`` op and its
   ``_forward_core`` (conv, gating, chunked prefill, recurrent decode, state I/O on
   vLLM's ``kv_cache`` views), whose kernels go through ``vllm_kunlun/ops/gdn/seam.py``
-  (runtime patches in ``vllm_kunlun/models/patches.py``);
+  (runtime patches in ``vllm_kunlun/models/hybrid_layer_patches.py``);
 - the state shape/dtype/copy calculators and the GDN attention backend.
 What differs and lives here: separate ``in_proj_qkv`` / ``in_proj_z`` / ``in_proj_b`` /
 ``in_proj_a`` projections (Qwen3-Next groups them per key head), a dense MLP in every

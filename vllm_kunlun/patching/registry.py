@@ -98,7 +98,7 @@ REGISTRY: tuple[RuntimePatch, ...] = (
     ),
     RuntimePatch(
         "kunlun_topk_topp_sampler",
-        "vllm_kunlun.sample.patches",
+        "vllm_kunlun.sample.sampler_patches",
         ("vllm.v1.sample.sampler.TopKTopPSampler",),
         "vLLM's sampler draws Tensor.exponential_ noise, CPU-only on Kunlun, and sorts "
         "the vocabulary for top-p",
@@ -107,7 +107,7 @@ REGISTRY: tuple[RuntimePatch, ...] = (
     ),
     RuntimePatch(
         "kunlun_recovered_token_noise",
-        "vllm_kunlun.sample.patches",
+        "vllm_kunlun.sample.sampler_patches",
         ("vllm.v1.sample.rejection_sampler.sample_recovered_tokens",),
         "speculative decoding's recovered tokens use exponential_ too",
         _WORKER,
@@ -115,7 +115,7 @@ REGISTRY: tuple[RuntimePatch, ...] = (
     ),
     RuntimePatch(
         "kunlun_rejection_tp_broadcast",
-        "vllm_kunlun.sample.patches",
+        "vllm_kunlun.sample.sampler_patches",
         ("vllm.v1.sample.rejection_sampler.rejection_sample",),
         "TP ranks must accept the same draft tokens even if device RNGs differ",
         _WORKER,
@@ -123,7 +123,7 @@ REGISTRY: tuple[RuntimePatch, ...] = (
     ),
     RuntimePatch(
         "kunlun_int8_scaled_mm_kernel",
-        "vllm_kunlun.quantization.patches",
+        "vllm_kunlun.quantization.int8_kernel_table_patch",
         (
             "vllm.model_executor.layers.quantization.kernels.scaled_mm."
             "_POSSIBLE_INT8_KERNELS",
@@ -145,7 +145,7 @@ REGISTRY: tuple[RuntimePatch, ...] = (
     ),
     RuntimePatch(
         "kunlun_gdn_kernels",
-        "vllm_kunlun.models.patches",
+        "vllm_kunlun.models.hybrid_layer_patches",
         tuple(
             f"vllm.model_executor.models.qwen3_next.{op}"
             for op in (
@@ -163,7 +163,7 @@ REGISTRY: tuple[RuntimePatch, ...] = (
     ),
     RuntimePatch(
         "kunlun_gdn_new_request_state",
-        "vllm_kunlun.models.patches",
+        "vllm_kunlun.models.hybrid_layer_patches",
         ("vllm.v1.attention.backends.gdn_attn.GDNAttentionMetadataBuilder",),
         "a 1-token new request in a decode-only batch reads a recycled state slot",
         (Phase.HYBRID_MODEL,),
@@ -171,7 +171,7 @@ REGISTRY: tuple[RuntimePatch, ...] = (
     ),
     RuntimePatch(
         "kunlun_mamba_copy_block",
-        "vllm_kunlun.models.patches",
+        "vllm_kunlun.models.hybrid_layer_patches",
         (
             "vllm.v1.worker.mamba_utils.collect_mamba_copy_meta",
             "vllm.v1.worker.mamba_utils.do_mamba_copy_block",

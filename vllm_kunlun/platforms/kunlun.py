@@ -122,7 +122,8 @@ class KunlunPlatformBase(Platform):
     def verify_quantization(cls, quant: str) -> None:
         """A quantized model is being configured: refuse a method the platform cannot
         run (vllm_kunlun/quantization/schemes.py), register our int8 kernel before
-        vLLM builds its W8A8 layers (vllm_kunlun/quantization/patches.py)."""
+        vLLM builds its W8A8 layers
+        (vllm_kunlun/quantization/int8_kernel_table_patch.py)."""
         from vllm_kunlun.quantization.schemes import refuse_method
 
         refuse_method(quant, cls._attn_where)

@@ -14,7 +14,8 @@ How:
   (sort-free) and returned; sampling then runs on them unfiltered;
 * tensor parallel: TP rank 0's tokens are broadcast (``sample.tp``);
 * ``apply_top_k_top_p``: vLLM's function, same signature (``(logits, k, p)``), sort-free.
-Installed by the runtime patch ``kunlun_topk_topp_sampler`` (``sample.patches``).
+Installed by the runtime patch ``kunlun_topk_topp_sampler``
+(``sample.sampler_patches``).
 """
 
 from __future__ import annotations

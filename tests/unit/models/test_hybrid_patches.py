@@ -1,5 +1,6 @@
-"""The hybrid-model runtime patches (vllm_kunlun/models/patches.py), one by one, on the
-real vLLM 0.15.1 objects they replace: applied, doing their job, checked, reverted."""
+"""The hybrid-model runtime patches (vllm_kunlun/models/hybrid_layer_patches.py), one
+by one, on the real vLLM 0.15.1 objects they replace: applied, doing their job,
+checked, reverted."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from vllm.v1.attention.backends import gdn_attn
 from vllm.v1.kv_cache_interface import MambaSpec
 from vllm.v1.worker import mamba_utils
 
-from vllm_kunlun.models import patches
+from vllm_kunlun.models import hybrid_layer_patches
 from vllm_kunlun.ops.gdn import seam as gdn
 from vllm_kunlun.patching.attribute import PatchMismatch, apply_group
 from vllm_kunlun.patching.phases import Phase, apply_phase
@@ -25,9 +26,9 @@ from vllm_kunlun.patching.phases import Phase, apply_phase
 
 @pytest.fixture
 def clean() -> Iterator[None]:
-    patches.revert_all()
+    hybrid_layer_patches.revert_all()
     yield
-    patches.revert_all()
+    hybrid_layer_patches.revert_all()
 
 
 # ---- kunlun_gdn_kernels -------------------------------------------------------------------
@@ -35,17 +36,19 @@ def clean() -> Iterator[None]:
 
 def test_kernel_names_route_through_the_seam_and_revert(clean: None) -> None:
     originals = {op: getattr(qwen3_next, op) for op in gdn.OPS}
-    assert apply_group(patches.KERNEL_PATCHES)
+    assert apply_group(hybrid_layer_patches.KERNEL_PATCHES)
     for op, original in originals.items():
         routed = getattr(qwen3_next, op)
         assert routed is not original and routed.__wrapped__ is original
-    assert not apply_group(patches.KERNEL_PATCHES)  # idempotent
-    patches.revert_all()
+    assert not apply_group(hybrid_layer_patches.KERNEL_PATCHES)  # idempotent
+    hybrid_layer_patches.revert_all()
     assert {op: getattr(qwen3_next, op) for op in gdn.OPS} == originals
 
 
 def test_a_changed_kernel_signature_is_named() -> None:
-    patch = patches.KERNEL_PATCHES[list(gdn.OPS).index("chunk_gated_delta_rule")]
+    patch = hybrid_layer_patches.KERNEL_PATCHES[
+        list(gdn.OPS).index("chunk_gated_delta_rule")
+    ]
     assert patch.mismatch() is None  # vLLM 0.15.1
 
     def chunk_gated_delta_rule(q, k, v, g, beta, scale=None):  # type: ignore[no-untyped-def]
@@ -56,7 +59,7 @@ def test_a_changed_kernel_signature_is_named() -> None:
 
 
 def test_a_layer_that_stops_calling_the_kernel_is_named() -> None:
-    patch = patches.KERNEL_PATCHES[0]
+    patch = hybrid_layer_patches.KERNEL_PATCHES[0]
 
     class Layer:
         def _forward_core(self) -> None:
@@ -131,7 +134,7 @@ def test_vllms_builder_leaves_a_fresh_decode_on_a_stale_slot(clean: None) -> Non
     """The bug: a decode-only batch with a new 1-token request sets no initial-state
     flags, so the request reads whatever its recycled slot holds."""
     layers = _layers()
-    assert not patches.BUILDER_PATCH.applied()
+    assert not hybrid_layer_patches.BUILDER_PATCH.applied()
     builder = _builder(gdn_attn.GDNAttentionMetadataBuilder, layers)
     before = _states(layers)
     metadata = builder.build(0, _metadata([1, 1], [7, 0], [2, 4]))
@@ -141,10 +144,10 @@ def test_vllms_builder_leaves_a_fresh_decode_on_a_stale_slot(clean: None) -> Non
 
 
 def test_a_fresh_decode_starts_from_zero_state(clean: None) -> None:
-    patches.BUILDER_PATCH.apply()
+    hybrid_layer_patches.BUILDER_PATCH.apply()
     cls = gdn_attn.GDNAttentionMetadataBuilder
     assert cls.__name__ == "StateResettingGDNMetadataBuilder"
-    assert issubclass(cls, patches.BUILDER_PATCH._original)
+    assert issubclass(cls, hybrid_layer_patches.BUILDER_PATCH._original)
     assert gdn_attn.GDNAttentionBackend.get_builder_cls() is cls
     layers = _layers()
     before = _states(layers)
@@ -159,7 +162,7 @@ def test_a_fresh_decode_starts_from_zero_state(clean: None) -> None:
 
 
 def test_batches_with_a_prefill_are_left_to_has_initial_state(clean: None) -> None:
-    patches.BUILDER_PATCH.apply()
+    hybrid_layer_patches.BUILDER_PATCH.apply()
     layers = _layers()
     before = _states(layers)
     metadata = _builder(gdn_attn.GDNAttentionMetadataBuilder, layers).build(
@@ -171,13 +174,13 @@ def test_batches_with_a_prefill_are_left_to_has_initial_state(clean: None) -> No
 
 
 def test_the_builder_patch_checks_its_target() -> None:
-    assert patches.BUILDER_PATCH.mismatch() is None
+    assert hybrid_layer_patches.BUILDER_PATCH.mismatch() is None
 
     class Builder:
         def build(self, common_prefix_len, common_attn_metadata):  # type: ignore[no-untyped-def]
             return None
 
-    problem = patches.BUILDER_PATCH.check(gdn_attn, Builder)
+    problem = hybrid_layer_patches.BUILDER_PATCH.check(gdn_attn, Builder)
     assert problem is not None and "GDNAttentionMetadataBuilder.build takes" in problem
 
 
@@ -212,7 +215,7 @@ def _copy(src_idx: int, dest_idx: int, bias: int) -> tuple[list, list]:
 
 
 def test_block_copy_moves_the_running_state(clean: None) -> None:
-    apply_group(patches.COPY_PATCHES)
+    apply_group(hybrid_layer_patches.COPY_PATCHES)
     (conv0, ssm0), (conv, ssm) = _copy(src_idx=0, dest_idx=2, bias=0)
     # get_conv_copy_spec / get_temporal_copy_spec with one accepted token: block 3 -> 7.
     assert torch.equal(conv[7], conv0[3]) and torch.equal(ssm[7], ssm0[3])
@@ -222,7 +225,7 @@ def test_block_copy_moves_the_running_state(clean: None) -> None:
 
 
 def test_block_copy_honours_accepted_token_offsets(clean: None) -> None:
-    apply_group(patches.COPY_PATCHES)
+    apply_group(hybrid_layer_patches.COPY_PATCHES)
     (conv0, ssm0), (conv, ssm) = _copy(src_idx=0, dest_idx=2, bias=1)
     # Two accepted tokens: conv rows from index 1 of block 3 land at the start of
     # block 7; the SSM state comes from the next block (5).
@@ -232,7 +235,7 @@ def test_block_copy_honours_accepted_token_offsets(clean: None) -> None:
 
 
 def test_same_block_without_offset_copies_nothing(clean: None) -> None:
-    apply_group(patches.COPY_PATCHES)
+    apply_group(hybrid_layer_patches.COPY_PATCHES)
     (conv0, ssm0), (conv, ssm) = _copy(src_idx=1, dest_idx=1, bias=0)
     assert torch.equal(conv, conv0) and torch.equal(ssm, ssm0)
 
@@ -248,17 +251,17 @@ def test_vllms_block_copy_needs_triton_and_cuda_here() -> None:
 def test_byte_views_stay_inside_the_state() -> None:
     state = torch.zeros(4, 8)
     with pytest.raises(ValueError, match="outside the state's storage"):
-        patches.byte_view(state, state.data_ptr() + 120, 16)
+        hybrid_layer_patches.byte_view(state, state.data_ptr() + 120, 16)
 
 
 def test_the_copy_patches_check_their_callers() -> None:
-    for patch in patches.COPY_PATCHES:
+    for patch in hybrid_layer_patches.COPY_PATCHES:
         assert patch.mismatch() is None
     stub = SimpleNamespace(
         preprocess_mamba=lambda: None, postprocess_mamba=lambda: None
     )
-    original = getattr(mamba_utils, patches.COPY_PATCHES[1].attr)
-    problem = patches.COPY_PATCHES[1].check(stub, original)  # type: ignore[arg-type]
+    original = getattr(mamba_utils, hybrid_layer_patches.COPY_PATCHES[1].attr)
+    problem = hybrid_layer_patches.COPY_PATCHES[1].check(stub, original)  # type: ignore[arg-type]
     assert (
         problem
         == "preprocess_mamba no longer calls do_mamba_copy_block by its module-level name"
@@ -271,18 +274,20 @@ def test_the_copy_patches_check_their_callers() -> None:
 def test_the_hybrid_phase_is_idempotent_and_reverts(clean: None) -> None:
     before = (gdn_attn.GDNAttentionMetadataBuilder, mamba_utils.do_mamba_copy_block)
     assert apply_phase(Phase.HYBRID_MODEL) == [
-        patches.GDN_KERNELS,
-        patches.NEW_REQUEST_STATE,
-        patches.MAMBA_COPY,  # no Triton driver on this host
+        hybrid_layer_patches.GDN_KERNELS,
+        hybrid_layer_patches.NEW_REQUEST_STATE,
+        hybrid_layer_patches.MAMBA_COPY,  # no Triton driver on this host
     ]
     assert apply_phase(Phase.HYBRID_MODEL) == []
-    assert sorted(patches.applied()) == sorted(patches.PATCH_GROUPS)
-    patches.revert_all()
+    assert sorted(hybrid_layer_patches.applied()) == sorted(
+        hybrid_layer_patches.PATCH_GROUPS
+    )
+    hybrid_layer_patches.revert_all()
     assert (
         gdn_attn.GDNAttentionMetadataBuilder,
         mamba_utils.do_mamba_copy_block,
     ) == before
-    assert patches.applied() == []
+    assert hybrid_layer_patches.applied() == []
 
 
 def test_the_triton_copy_stays_where_triton_runs(
@@ -290,9 +295,9 @@ def test_the_triton_copy_stays_where_triton_runs(
 ) -> None:
     monkeypatch.delenv("VLLM_KUNLUN_GDN", raising=False)
     monkeypatch.setattr(gdn, "triton_driver", lambda: (True, "Triton has a driver"))
-    assert patches.MAMBA_COPY not in apply_phase(Phase.HYBRID_MODEL)
+    assert hybrid_layer_patches.MAMBA_COPY not in apply_phase(Phase.HYBRID_MODEL)
     monkeypatch.setenv("VLLM_KUNLUN_GDN", "portable")
-    assert apply_phase(Phase.HYBRID_MODEL) == [patches.MAMBA_COPY]
+    assert apply_phase(Phase.HYBRID_MODEL) == [hybrid_layer_patches.MAMBA_COPY]
 
 
 def test_a_mismatch_applies_nothing_of_the_group(
@@ -304,5 +309,5 @@ def test_a_mismatch_applies_nothing_of_the_group(
     monkeypatch.setattr(mamba_utils, "collect_mamba_copy_meta", collect)
     original_do = mamba_utils.do_mamba_copy_block
     with pytest.raises(PatchMismatch, match="kunlun_mamba_copy_block not applied"):
-        apply_group(patches.COPY_PATCHES)
+        apply_group(hybrid_layer_patches.COPY_PATCHES)
     assert mamba_utils.do_mamba_copy_block is original_do

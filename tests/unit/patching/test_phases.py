@@ -128,14 +128,18 @@ def test_apply_phase_applies_that_phases_entries_in_registry_order(
 def test_the_quantized_phase_imports_where_the_model_process_only_looks(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from vllm_kunlun.quantization import patches
+    from vllm_kunlun.quantization import int8_kernel_table_patch
 
     seen: list[str] = []
-    monkeypatch.setattr(patches, "apply", lambda: seen.append("apply") or True)
     monkeypatch.setattr(
-        patches, "apply_if_loaded", lambda: seen.append("if_loaded") or False
+        int8_kernel_table_patch, "apply", lambda: seen.append("apply") or True
     )
-    hook = patches.RUNTIME_PATCHES[patches.NAME]
+    monkeypatch.setattr(
+        int8_kernel_table_patch,
+        "apply_if_loaded",
+        lambda: seen.append("if_loaded") or False,
+    )
+    hook = int8_kernel_table_patch.RUNTIME_PATCHES[int8_kernel_table_patch.NAME]
     assert hook(Phase.QUANTIZED_MODEL) is True
     assert hook(Phase.MODEL_PROCESS) is False
     assert seen == ["apply", "if_loaded"]

@@ -76,7 +76,7 @@ def test_each_entry_says_why_and_when_it_can_go() -> None:
 
 
 def test_state_follows_the_live_patch() -> None:
-    from vllm_kunlun.sample import patches  # noqa: F401  (the entry's module)
+    from vllm_kunlun.sample import sampler_patches  # noqa: F401  (the entry's module)
 
     entry = registry.BY_NAME["kunlun_topk_topp_sampler"]
     (patch,) = registry.live_patches(entry)
@@ -96,14 +96,14 @@ def test_an_applied_patch_still_reports_no_mismatch() -> None:
     it replaced, and sees through another patch's wrapper (the TP broadcast wraps
     ``rejection_sample``, which the recovered-token check inspects)."""
     from vllm_kunlun.patching.attribute import apply_group
-    from vllm_kunlun.sample import patches
+    from vllm_kunlun.sample import sampler_patches
 
-    ours = [p for p in patches.PATCHES if not p.applied()]
+    ours = [p for p in sampler_patches.PATCHES if not p.applied()]
     try:
-        for p in patches.PATCHES:
+        for p in sampler_patches.PATCHES:
             apply_group((p,))
-        assert {p.name: p.mismatch() for p in patches.PATCHES} == {
-            p.name: None for p in patches.PATCHES
+        assert {p.name: p.mismatch() for p in sampler_patches.PATCHES} == {
+            p.name: None for p in sampler_patches.PATCHES
         }
     finally:
         for p in reversed(ours):

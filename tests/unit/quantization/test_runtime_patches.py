@@ -18,7 +18,7 @@ from vllm_kunlun.cli import main
 from vllm_kunlun.doctor.patchset import check_patchset
 from vllm_kunlun.patching import wrap_triton
 from vllm_kunlun.patching.registry import torch_fix_states as runtime_fix_states
-from vllm_kunlun.quantization import patches as int8_patches
+from vllm_kunlun.quantization import int8_kernel_table_patch as int8_patches
 
 QUTLASS = "vllm.model_executor.layers.quantization.qutlass_utils"
 

@@ -215,7 +215,8 @@ def zero_state_slots(layers: list[Any], slots: torch.Tensor) -> None:
 def _make_builder(original: type) -> type:
     class StateResettingGDNMetadataBuilder(original):  # type: ignore[valid-type,misc]
         """vLLM's GDN metadata builder; zeroes fresh requests' state slots (see
-        ``vllm_kunlun/models/patches.py``, ``kunlun_gdn_new_request_state``)."""
+        ``vllm_kunlun/models/hybrid_layer_patches.py``,
+        ``kunlun_gdn_new_request_state``)."""
 
         def __init__(
             self,
