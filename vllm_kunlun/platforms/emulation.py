@@ -95,21 +95,14 @@ class KunlunHostEmulationPlatform(KunlunPlatformBase):
     def is_pin_memory_available(cls) -> bool:
         return False
 
-    # ---- configuration --------------------------------------------------------------
-    @classmethod
-    def check_and_update_config(cls, vllm_config: VllmConfig) -> None:
-        from vllm_kunlun.guards.engine_checks import config_range_guard, stack_guard
-        from vllm_kunlun.platforms.emulation_defaults import apply_emulation_defaults
-        from vllm_kunlun.platforms.kunlun_defaults import apply_kunlun_defaults
-        from vllm_kunlun.quantization.schemes import refuse_schemes
+    # ---- configuration (KunlunPlatformBase.check_and_update_config) -----------------
+    # The emulation defaults first, then the same defaults and engine-start guards as on
+    # Kunlun. Not the device-memory budget: the emulated KV cache is a fixed size
+    # (VLLM_KUNLUN_EMULATION_KV_CACHE_GIB) and there is no device to fill.
+    _budget_guard = False
 
-        refuse_schemes(vllm_config.quant_config, cls._attn_where)
+    @classmethod
+    def _defaults_first(cls, vllm_config: VllmConfig) -> None:
+        from vllm_kunlun.platforms.emulation_defaults import apply_emulation_defaults
+
         apply_emulation_defaults(vllm_config)
-        # Then the same defaults and engine-start guards as on Kunlun (fusion passes
-        # off, LoRA refused, stack and model-dimension checks; the model-path guard
-        # is installed by the base class). Not the device-memory budget: the emulated
-        # KV cache is a fixed size (VLLM_KUNLUN_EMULATION_KV_CACHE_GIB) and there is no
-        # device to fill.
-        apply_kunlun_defaults(vllm_config)
-        stack_guard()
-        config_range_guard(vllm_config)

@@ -1,7 +1,8 @@
 """Engine settings host emulation needs, each one a measured fact about vLLM 0.15.1.
 
-Set in ``KunlunHostEmulationPlatform.check_and_update_config``, each logged once with
-its reason, so that the emulation log says exactly what differs from a default engine.
+Set by ``KunlunHostEmulationPlatform._defaults_first`` (in ``check_and_update_config``,
+before the defaults every platform shares), each logged once with its reason, so that
+the emulation log says exactly what differs from a default engine.
 """
 
 from __future__ import annotations

@@ -4,8 +4,8 @@ Why: decode at high concurrency is launch-bound. Without graphs vLLM runs every 
 step eagerly, one kernel launch at a time; with them each step replays a few captured
 graphs. Kunlun's torch runs in CUDA-compatibility mode, so vLLM's own
 ``CUDAGraphWrapper`` captures there.
-How (``apply_graph_defaults``, from ``KunlunPlatform.check_and_update_config``; every
-decision is logged with its reason):
+How (``apply_graph_defaults``, from ``KunlunPlatform._defaults_last`` in
+``check_and_update_config``; every decision is logged with its reason):
 * vLLM compiles the model (``VLLM_COMPILE``) with the ``eager`` backend (Dynamo only,
   no Inductor: its Triton code generation is not validated on torch 2.5.1 on Kunlun)
   and splits the graph at attention (vLLM's default splitting ops; the platform

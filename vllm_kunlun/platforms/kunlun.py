@@ -267,6 +267,36 @@ class KunlunPlatformBase(Platform):
             "the weights instead)."
         )
 
+    # ---- configuration --------------------------------------------------------------
+    # Whether the engine-start guards estimate the device-memory budget.
+    _budget_guard: bool = True
+
+    @classmethod
+    def check_and_update_config(cls, vllm_config: VllmConfig) -> None:
+        """Quantization schemes the platform cannot run are refused; the platform's own
+        defaults (``_defaults_first``), the defaults every vllm-kunlun platform shares
+        (fusion passes off, LoRA refused) and the platform's own that read them
+        (``_defaults_last``); then the engine-start guards: stack, model dimensions and,
+        where ``_budget_guard``, the device-memory budget (the model-path guard is
+        installed in ``pre_register_and_update``)."""
+        from vllm_kunlun.guards.engine_checks import check_engine_config
+        from vllm_kunlun.platforms.kunlun_defaults import apply_kunlun_defaults
+        from vllm_kunlun.quantization.schemes import refuse_schemes
+
+        refuse_schemes(vllm_config.quant_config, cls._attn_where)
+        cls._defaults_first(vllm_config)
+        apply_kunlun_defaults(vllm_config)
+        cls._defaults_last(vllm_config)
+        check_engine_config(vllm_config, budget=cls._budget_guard)
+
+    @classmethod
+    def _defaults_first(cls, vllm_config: VllmConfig) -> None:
+        """The platform's defaults that go in before the shared ones."""
+
+    @classmethod
+    def _defaults_last(cls, vllm_config: VllmConfig) -> None:
+        """The platform's defaults that go in after the shared ones."""
+
 
 class KunlunPlatform(KunlunPlatformBase):
     _banner = "KunlunPlatform active (CUDA-compatibility mode)"
@@ -334,18 +364,11 @@ class KunlunPlatform(KunlunPlatformBase):
         # Attention is one custom op in the compiled graph: the piecewise split point.
         return True
 
-    # ---- configuration --------------------------------------------------------------
+    # ---- configuration (KunlunPlatformBase.check_and_update_config) -----------------
     @classmethod
-    def check_and_update_config(cls, vllm_config: VllmConfig) -> None:
+    def _defaults_last(cls, vllm_config: VllmConfig) -> None:
         from vllm_kunlun.ops.custom_ops import log_enablement
         from vllm_kunlun.platforms.graphs import apply_graph_defaults
-        from vllm_kunlun.platforms.kunlun_defaults import apply_kunlun_defaults
-        from vllm_kunlun.quantization.schemes import refuse_schemes
 
-        refuse_schemes(vllm_config.quant_config, cls._attn_where)
-        apply_kunlun_defaults(vllm_config)
         apply_graph_defaults(vllm_config)
         log_enablement(vllm_config)  # after the graph defaults settle the compile mode
-        from vllm_kunlun.guards.engine_checks import check_engine_config
-
-        check_engine_config(vllm_config)

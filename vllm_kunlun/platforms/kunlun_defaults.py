@@ -1,4 +1,5 @@
-"""The engine defaults KunlunPlatform sets in ``check_and_update_config``.
+"""The engine defaults every vllm-kunlun platform sets in ``check_and_update_config``
+(``KunlunPlatformBase``; host emulation sets its own first).
 
 Every default is logged once with its reason, so a user reading the engine log can see
 what the platform changed and undo it on purpose.
