@@ -16,7 +16,6 @@ from typing import Any, ClassVar
 
 import torch
 from vllm.v1.attention.backend import (
-    AttentionLayer,
     AttentionMetadata,
     CommonAttentionMetadata,
     MultipleOf,
@@ -127,23 +126,15 @@ class PortableAttentionImpl(PluginAttentionImpl[PortableAttentionMetadata]):
         super().__init__(*args, **kwargs)
         logger.info_once("vllm-kunlun: attention served by %s", DISPLAY_NAME)
 
-    def forward(
+    def attend(
         self,
-        layer: AttentionLayer,
         query: torch.Tensor,
         key: torch.Tensor,
         value: torch.Tensor,
         kv_cache: torch.Tensor,
         attn_metadata: PortableAttentionMetadata,
-        output: torch.Tensor | None = None,
-        output_scale: torch.Tensor | None = None,
-        output_block_scale: torch.Tensor | None = None,
+        output: torch.Tensor,
     ) -> torch.Tensor:
-        output = self.begin_forward(
-            output, output_scale, output_block_scale, attn_metadata
-        )
-        if attn_metadata is None:
-            return output
         plan = attn_metadata.plan
         if self.kv_sharing_target_layer_name is None and key is not None:
             paged.write_kv_cache(key, value, kv_cache, plan.slot_mapping)

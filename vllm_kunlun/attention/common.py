@@ -3,8 +3,9 @@
 Why: the portable backend (``backend.py``) and the Kunlun backend (``kunlun.py``) are
 both decoder-only paged backends that vLLM can only know as ``CUSTOM``. The answers
 vLLM asks the class for (name, dtypes, cascade, attention types), the batch order of
-their metadata builders, the layer checks made when a model is built and the forward
-prologue are the same; only the refusal words and the kernels differ.
+their metadata builders, the layer checks made when a model is built and vLLM's
+``forward`` call up to the kernels are the same; only the refusal words and the
+kernels (each backend's ``attend``) differ.
 
 Removal: with the backends.
 """
@@ -18,6 +19,7 @@ from vllm.v1.attention.backend import (
     AttentionBackend,
     AttentionCGSupport,
     AttentionImpl,
+    AttentionLayer,
     AttentionMetadata,
     AttentionMetadataBuilder,
     AttentionType,
@@ -144,6 +146,32 @@ class PluginAttentionImpl(AttentionImpl[M]):
             )
         self.logits_soft_cap = logits_soft_cap or None
         self.kv_sharing_target_layer_name = kv_sharing_target_layer_name
+
+    def forward(
+        self,
+        layer: AttentionLayer,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        kv_cache: torch.Tensor,
+        attn_metadata: M,
+        output: torch.Tensor | None = None,
+        output_scale: torch.Tensor | None = None,
+        output_block_scale: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """vLLM's call: the shared prologue (``begin_forward``), then the backend's
+        kernels (``attend``), except in vLLM's warm-up run."""
+        output = self.begin_forward(
+            output, output_scale, output_block_scale, attn_metadata
+        )
+        if attn_metadata is None:
+            return output
+        return self.attend(query, key, value, kv_cache, attn_metadata, output)
+
+    def attend(self, *args: Any, **kwargs: Any) -> torch.Tensor:
+        """The backend's kernels: one step's attention, ``(query, key, value, kv_cache,
+        attn_metadata, output)``, written into ``output`` and returned."""
+        raise NotImplementedError
 
     def begin_forward(
         self,

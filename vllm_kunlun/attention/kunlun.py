@@ -36,7 +36,6 @@ from typing import Any, ClassVar
 
 import torch
 from vllm.v1.attention.backend import (
-    AttentionLayer,
     AttentionMetadata,
     CommonAttentionMetadata,
     MultipleOf,
@@ -282,23 +281,15 @@ class KunlunAttentionImpl(PluginAttentionImpl[KunlunAttentionMetadata]):
             )
         logger.info_once("vllm-kunlun: attention served by %s", DISPLAY_NAME)
 
-    def forward(
+    def attend(
         self,
-        layer: AttentionLayer,
         query: torch.Tensor,
         key: torch.Tensor,
         value: torch.Tensor,
         kv_cache: torch.Tensor,
         attn_metadata: KunlunAttentionMetadata,
-        output: torch.Tensor | None = None,
-        output_scale: torch.Tensor | None = None,
-        output_block_scale: torch.Tensor | None = None,
+        output: torch.Tensor,
     ) -> torch.Tensor:
-        output = self.begin_forward(
-            output, output_scale, output_block_scale, attn_metadata
-        )
-        if attn_metadata is None:
-            return output
         k = self.route.kernels
         md = attn_metadata
         n, nd = md.num_actual_tokens, md.num_decode_tokens
