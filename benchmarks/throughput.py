@@ -88,7 +88,9 @@ _BANNERS = {
         r"vllm-kunlun: (HOST EMULATION active|KunlunPlatform active)"
     ),
     "attention": re.compile(r"vllm-kunlun: (attention (?:backend|served by) [^\n]+)"),
-    "sampling_kernels": re.compile(r"vllm-kunlun: sampling kernels: ([^\n]+)"),
+    "sampling_kernels": re.compile(
+        r"vllm-kunlun: sampling kernels on [^:\n]+: ([^\n]+)"
+    ),
 }
 
 

@@ -91,3 +91,29 @@ def fake_vendor_path(monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     for name in list(sys.modules):
         if name.split(".")[0] in ("torch_xmlir", "kunlun_ops", "xspeedgate_ops"):
             del sys.modules[name]
+
+
+def serve_platform(monkeypatch: pytest.MonkeyPatch, platform: object) -> object:
+    """Make ``platform`` vLLM's current platform for one test: the seams ask vLLM's
+    ``current_platform`` for the vendor-kernel policy (vllm_kunlun/ops/chooser.py)."""
+    import vllm.platforms
+
+    monkeypatch.setattr(vllm.platforms, "_current_platform", platform)
+    return platform
+
+
+@pytest.fixture
+def kunlun_platform(monkeypatch: pytest.MonkeyPatch) -> object:
+    """KunlunPlatform is vLLM's current platform (it wants the vendor kernels)."""
+    from vllm_kunlun.platforms.kunlun import KunlunPlatform
+
+    return serve_platform(monkeypatch, KunlunPlatform)
+
+
+@pytest.fixture
+def emulation_platform(monkeypatch: pytest.MonkeyPatch) -> object:
+    """Host emulation is vLLM's current platform (vendor kernels only with
+    VLLM_KUNLUN_EMULATION_VENDOR=1)."""
+    from vllm_kunlun.platforms.emulation import KunlunHostEmulationPlatform
+
+    return serve_platform(monkeypatch, KunlunHostEmulationPlatform)

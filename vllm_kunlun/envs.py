@@ -153,8 +153,8 @@ _VARS: dict[str, EnvVar] = {
             _parse_bool,
             False,
             "In host emulation, take the vendor-kernel paths (Kunlun attention "
-            "backend, vendor CustomOps, vendor sampler) whenever the vendor modules "
-            "import, e.g. the test fakes; implies host emulation for `vllm-kunlun "
+            "backend, vendor CustomOps, sampler, int8 linear, GDN) whenever the vendor "
+            "modules import, e.g. the test fakes; implies host emulation for `vllm-kunlun "
             "demo`.",
             "1/0",
         ),
@@ -189,9 +189,9 @@ _VARS: dict[str, EnvVar] = {
             "VLLM_KUNLUN_SAMPLER",
             _choice("auto", "vendor", "native", "portable"),
             "auto",
-            "Sampling kernels: auto (on a device the vendor kernel when importable, "
-            "else portable torch; on the CPU the plugin's native C++ kernel when built, "
-            "else portable torch), vendor (fail if the vendor op library is missing), "
+            "Sampling kernels: auto (the vendor kernel where the active platform wants "
+            "vendor kernels and it imports, else portable torch; on the CPU the "
+            "plugin's native C++ kernel when built, else portable torch), vendor (fail if the vendor op library is missing), "
             "native (CPU only; fail if the extension lacks it), portable.",
             "auto, vendor, native, portable",
         ),
@@ -199,8 +199,8 @@ _VARS: dict[str, EnvVar] = {
             "VLLM_KUNLUN_INT8_MM",
             _choice("auto", "vendor", "portable"),
             "auto",
-            "W8A8 int8 linear kernels: auto (vendor when importable and on a device, "
-            "else portable torch), vendor (fail if the vendor ops are missing), "
+            "W8A8 int8 linear kernels: auto (vendor where the active platform wants "
+            "vendor kernels and they import, else portable torch), vendor (fail if the vendor ops are missing), "
             "portable.",
             "auto, vendor, portable",
         ),
@@ -209,8 +209,8 @@ _VARS: dict[str, EnvVar] = {
             _choice("auto", "vendor", "triton", "portable"),
             "auto",
             "Gated DeltaNet (Qwen3.5 / Qwen3-Next linear attention) kernels: auto "
-            "(vendor where kunlun_ops has the kernel and the tensors are on a device, "
-            "else vLLM's Triton kernels when Triton has an active driver, else "
+            "(vendor where the active platform wants vendor kernels and kunlun_ops has "
+            "the kernel, else vLLM's Triton kernels when Triton has an active driver, else "
             "portable torch), vendor (fail if missing), triton, portable.",
             "auto, vendor, triton, portable",
         ),

@@ -97,7 +97,10 @@ def test_the_plugins_int8_kernel_served_the_linear_layers(run: dict) -> None:
     assert info["linear_kernels"] == [
         "vllm_kunlun.quantization.int8_kernel.KunlunInt8ScaledMMLinearKernel"
     ]
-    assert info["int8_kernels"] == "portable (the tensors are on the CPU)"
+    # Host emulation without VLLM_KUNLUN_EMULATION_VENDOR=1 wants no vendor kernel.
+    assert info["int8_kernels"].startswith(
+        "portable (host emulation takes the portable paths"
+    )
 
 
 def test_greedy_equals_the_float64_same_quantization_reference(run: dict) -> None:

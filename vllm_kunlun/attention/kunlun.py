@@ -48,6 +48,7 @@ from vllm_kunlun.attention.common import (
     PluginAttentionImpl,
 )
 from vllm_kunlun.logger import init_logger
+from vllm_kunlun.ops import chooser
 from vllm_kunlun.ops.attention import paged_vendor as ops
 from vllm_kunlun.ops.routes import Route
 
@@ -273,7 +274,7 @@ class KunlunAttentionImpl(PluginAttentionImpl[KunlunAttentionMetadata]):
                 f"softmax scale {scale}",
                 f"the kernels scale by 1/sqrt(head_size) = {head_size**-0.5:.6g}",
             )
-        self.route = Route("attention", ops.ATTENTION_KERNELS)
+        self.route = Route("attention", ops.ATTENTION_KERNELS, family=chooser.ATTENTION)
         if not self.route.ready:
             raise RuntimeError(
                 f"{DISPLAY_NAME} was selected but its kernels are unavailable: "

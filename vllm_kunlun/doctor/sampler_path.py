@@ -175,7 +175,7 @@ def check_sampler_path(ctx: Context) -> Finding:
     from vllm_kunlun.checks.vllm_import import ensure_vllm_importable
 
     ensure_vllm_importable()
-    from vllm_kunlun import envs
+    from vllm_kunlun.ops import chooser
     from vllm_kunlun.ops.sampling.seam import select_kernels
     from vllm_kunlun.sample.sampler_patches import PATCHES
     from vllm_kunlun.sample.topk_topp import KunlunTopKTopPSampler
@@ -186,7 +186,7 @@ def check_sampler_path(ctx: Context) -> Finding:
     details: dict[str, Any] = {
         "platform": platform,
         "kunlun_platform": ours,
-        "VLLM_KUNLUN_SAMPLER": envs.VLLM_KUNLUN_SAMPLER,
+        "VLLM_KUNLUN_SAMPLER": chooser.mode_of(chooser.SAMPLING),
         "worker_sampler": None if built is None else built.__name__,
         "worker_sampler_source": how,
     }

@@ -392,10 +392,10 @@ COPY_PATCHES = (
 
 
 def copy_needs_portable() -> tuple[bool, str]:
-    from vllm_kunlun import envs
+    from vllm_kunlun.ops import chooser
     from vllm_kunlun.ops.gdn.seam import triton_driver
 
-    if envs.VLLM_KUNLUN_GDN == "portable":
+    if chooser.mode_of(chooser.GDN) == chooser.PORTABLE:
         return True, "VLLM_KUNLUN_GDN=portable"
     has_triton, why = triton_driver()
     return (not has_triton), why

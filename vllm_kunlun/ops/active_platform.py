@@ -19,13 +19,3 @@ def active_plugin_platform() -> Any | None:
     from vllm.platforms import current_platform
 
     return current_platform if getattr(current_platform, MARKER, False) else None
-
-
-def platform_policy() -> tuple[bool, str]:
-    """Whether the active vLLM platform routes work to vendor kernels, and why: the
-    platform's own ``vendor_kernels()`` (Kunlun: yes; host emulation: only with
-    ``VLLM_KUNLUN_EMULATION_VENDOR=1``)."""
-    platform = active_plugin_platform()
-    if platform is None:
-        return False, "the active vLLM platform is not a vllm-kunlun platform"
-    return platform.vendor_kernels()  # type: ignore[no-any-return]

@@ -7,9 +7,9 @@ Answering them in one place keeps the answers and their log lines alike everywhe
 lets the serving report say which kernels actually served (a silent fallback is the
 failure behind the decode stall, docs/deployment-log.md D11).
 
-How: ``platform_policy()`` asks the active vllm-kunlun platform (KunlunPlatform: yes;
-host emulation: only with ``VLLM_KUNLUN_EMULATION_VENDOR=1``). A ``Route`` holds one op
-family's vendor functions, resolved when a layer is built. ``Route.run`` calls the
+How: a ``Route`` holds one op family's vendor functions, resolved when a layer is built
+through ``ops/chooser.py`` (the active platform's policy: KunlunPlatform yes, host
+emulation only with ``VLLM_KUNLUN_EMULATION_VENDOR=1``; the choice logged once). ``Route.run`` calls the
 vendor implementation and falls back to vLLM's native one when the route is not ready,
 when the implementation raises ``Refused`` (inputs the call form cannot express), or
 when the kernel itself raises (the route is then closed for that layer). Every fallback
@@ -27,8 +27,7 @@ from typing import Any, TypeVar
 import torch
 
 from vllm_kunlun.logger import init_logger
-from vllm_kunlun.ops import vendor
-from vllm_kunlun.ops.active_platform import platform_policy
+from vllm_kunlun.ops import chooser, vendor
 
 logger = init_logger(__name__)
 
@@ -54,31 +53,27 @@ class Route:
         self,
         op: str,
         names: Sequence[str],
-        policy: tuple[bool, str] | None = None,
+        family: chooser.Family = chooser.CUSTOM_OPS,
     ) -> None:
         self.op = op
         self.names = tuple(names)
         self.vendor_calls = 0
         self.native_calls = 0
         self.reasons: set[str] = set()
-        wanted, why = platform_policy() if policy is None else policy
-        self.kernels: dict[str, Callable[..., Any]] = {}
-        self.reason = "" if wanted else why
-        for name in self.names if wanted else ():
-            fn, found = vendor.function(VENDOR_MODULE, name)
-            if fn is None:
-                self.reason = found
-                self.kernels = {}
-                break
-            self.kernels[name] = fn
+        choice = chooser.choose(family, None, vendor=self._load, op=op)
+        self.kernels: dict[str, Callable[..., Any]] = choice.vendor or {}
+        self.reason = "" if choice.name == chooser.VENDOR else choice.reason
         self.ready = not self.reason
         _ROUTES.append(self)
-        if self.ready:
-            logger.info_once(
-                "vllm-kunlun: %s runs on %s",
-                op,
-                ", ".join(f"{VENDOR_MODULE}.{n}" for n in self.names),
-            )
+
+    def _load(self) -> tuple[dict[str, Callable[..., Any]] | None, str]:
+        kernels = {}
+        for name in self.names:
+            fn, found = vendor.function(VENDOR_MODULE, name)
+            if fn is None:
+                return None, found
+            kernels[name] = fn
+        return kernels, ", ".join(f"{VENDOR_MODULE}.{n}" for n in self.names)
 
     def run(
         self,

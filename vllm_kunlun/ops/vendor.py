@@ -10,14 +10,8 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Callable
-from dataclasses import dataclass
 from types import ModuleType
-from typing import TYPE_CHECKING, Any, Generic, TypeVar
-
-if TYPE_CHECKING:
-    import torch
-
-T = TypeVar("T")
+from typing import Any
 
 VENDOR_MODULES = ("torch_xmlir", "kunlun_ops", "xspeedgate_ops")
 
@@ -113,57 +107,3 @@ def xmlir_device_count() -> tuple[int, str]:
             f"({type(exc).__name__}: {exc})"
         )
     return count, "torch_xmlir._XMLIRC._xpu_get_devices_number()"
-
-
-@dataclass(frozen=True)
-class PathChoice(Generic[T]):
-    """Which implementation a seam uses on one device, why, and the vendor handle."""
-
-    name: str  # VENDOR or PORTABLE
-    reason: str
-    vendor: T | None = None
-
-
-VENDOR = "vendor"
-PORTABLE = "portable"
-
-
-def choose_path(
-    variable: str,
-    mode: str,
-    device: torch.device,
-    load_vendor: Callable[[], tuple[T | None, str]],
-    *,
-    cpu_reason: str,
-    demanded_fix: str,
-    fallback_warning: str,
-) -> PathChoice[T]:
-    """The choice every kernel seam makes from its ``auto|vendor|portable`` variable.
-
-    ``portable``: portable. ``vendor``: the vendor path, or RuntimeError naming the
-    cause and ``demanded_fix``. ``auto``: portable for CPU tensors (unless host
-    emulation is told to take the vendor paths, ``VLLM_KUNLUN_EMULATION_VENDOR=1``),
-    else the vendor path when it loads, else portable with
-    ``fallback_warning % (device, reason)`` logged once (a silent fallback is how the
-    decode stall happened).
-    """
-    from vllm_kunlun import envs
-
-    if mode == PORTABLE:
-        return PathChoice(PORTABLE, f"{variable}=portable")
-    handle, why = load_vendor()
-    if mode == VENDOR:
-        if handle is None:
-            raise RuntimeError(
-                f"{variable}=vendor, but {why}. {demanded_fix}, or set {variable}=auto "
-                "to use the portable torch kernels."
-            )
-        return PathChoice(VENDOR, f"{variable}=vendor; {why}", handle)
-    if device.type == "cpu" and not envs.VLLM_KUNLUN_EMULATION_VENDOR:
-        return PathChoice(PORTABLE, cpu_reason)
-    if handle is None:
-        from vllm_kunlun.logger import init_logger
-
-        init_logger(__name__).warning_once(fallback_warning, device.type, why)
-        return PathChoice(PORTABLE, why)
-    return PathChoice(VENDOR, why, handle)

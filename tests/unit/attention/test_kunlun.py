@@ -34,7 +34,7 @@ from vllm_kunlun.attention.kunlun import (
     build_metadata,
     kv_views,
 )
-from vllm_kunlun.ops import routes
+from vllm_kunlun.ops import chooser, routes
 from vllm_kunlun.platforms.emulation import KunlunHostEmulationPlatform
 from vllm_kunlun.platforms.kunlun import KunlunPlatform
 
@@ -47,7 +47,7 @@ def fake_ops(fake_vendor_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterato
 
     kunlun_ops.reset()
     routes.forget_routes()
-    monkeypatch.setattr(routes, "platform_policy", lambda: (True, "test"))
+    monkeypatch.setattr(chooser, "vendor_policy", lambda: (True, "test"))
     yield kunlun_ops
     routes.forget_routes()
 

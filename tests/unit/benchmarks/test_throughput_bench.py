@@ -41,7 +41,7 @@ def test_parse_output_reads_throughput_and_what_served(bench: ModuleType) -> Non
     text = (
         "INFO [platform.py:58] vllm-kunlun: HOST EMULATION active (...)\n"
         "INFO [__init__.py:81] vllm-kunlun: attention backend CUSTOM = portable\n"
-        "INFO [sampling.py:132] vllm-kunlun: sampling kernels: portable (cpu)\n"
+        "INFO [chooser.py:132] vllm-kunlun: sampling kernels on cpu: portable (cpu)\n"
         "Throughput: 4.11 requests/s, 788.24 total tokens/s, 262.75 output tokens/s\n"
     )
     found = bench.parse_output(text)

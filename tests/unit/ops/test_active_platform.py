@@ -8,7 +8,7 @@ import pytest
 import vllm.platforms
 from vllm.platforms.cpu import CpuPlatform
 
-from vllm_kunlun.ops import active_platform, routes
+from vllm_kunlun.ops import active_platform, chooser, routes
 from vllm_kunlun.platforms.emulation import KunlunHostEmulationPlatform
 from vllm_kunlun.platforms.kunlun import KunlunPlatform
 from vllm_kunlun.quantization.int8_kernel import KunlunInt8ScaledMMLinearKernel
@@ -32,7 +32,7 @@ def test_vllms_own_platform_is_not_ours_and_takes_no_vendor_kernels(
 ) -> None:
     _serve(monkeypatch, CpuPlatform())
     assert active_platform.active_plugin_platform() is None
-    wanted, why = active_platform.platform_policy()
+    wanted, why = chooser.vendor_policy()
     assert not wanted and "not a vllm-kunlun platform" in why
     supported, reason = KunlunInt8ScaledMMLinearKernel.is_supported()
     assert not supported and reason and "vllm-kunlun platform" in reason
@@ -40,13 +40,13 @@ def test_vllms_own_platform_is_not_ours_and_takes_no_vendor_kernels(
 
 def test_the_policy_is_the_platforms(monkeypatch: pytest.MonkeyPatch) -> None:
     _serve(monkeypatch, KunlunPlatform)
-    assert active_platform.platform_policy() == (True, "KunlunPlatform")
+    assert chooser.vendor_policy() == (True, "KunlunPlatform")
     _serve(monkeypatch, KunlunHostEmulationPlatform)
     monkeypatch.delenv("VLLM_KUNLUN_EMULATION_VENDOR", raising=False)
-    wanted, why = active_platform.platform_policy()
+    wanted, why = chooser.vendor_policy()
     assert not wanted and "VLLM_KUNLUN_EMULATION_VENDOR=1" in why  # names the switch
     monkeypatch.setenv("VLLM_KUNLUN_EMULATION_VENDOR", "1")
-    assert active_platform.platform_policy() == (True, "VLLM_KUNLUN_EMULATION_VENDOR=1")
+    assert chooser.vendor_policy() == (True, "VLLM_KUNLUN_EMULATION_VENDOR=1")
 
 
 def test_a_route_follows_the_policy(monkeypatch: pytest.MonkeyPatch) -> None:

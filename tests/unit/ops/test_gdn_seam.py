@@ -25,7 +25,7 @@ CPU = torch.device("cpu")
 
 
 @pytest.fixture(autouse=True)
-def fresh_choices(monkeypatch: pytest.MonkeyPatch) -> Any:
+def fresh_choices(monkeypatch: pytest.MonkeyPatch, kunlun_platform: object) -> Any:
     monkeypatch.delenv("VLLM_KUNLUN_GDN", raising=False)
     gdn.reset()
     yield

@@ -26,7 +26,9 @@ CPU = torch.device("cpu")
 
 
 @pytest.fixture(autouse=True)
-def fresh_choice(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+def fresh_choice(
+    monkeypatch: pytest.MonkeyPatch, kunlun_platform: object
+) -> Iterator[None]:
     monkeypatch.delenv("VLLM_KUNLUN_INT8_MM", raising=False)
     int8_mm.reset_selection()
     yield

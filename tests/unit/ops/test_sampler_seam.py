@@ -22,6 +22,11 @@ CUDA = torch.device("cuda", 0)  # only used as a label: no tensor is put there
 CPU = torch.device("cpu")
 
 
+@pytest.fixture(autouse=True)
+def on_kunlun(kunlun_platform: object) -> None:
+    """The seam follows the active platform's policy: Kunlun's unless a test says."""
+
+
 @pytest.fixture
 def fake_ops(fake_vendor_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
     monkeypatch.delenv("VLLM_KUNLUN_SAMPLER", raising=False)
@@ -107,10 +112,29 @@ def test_native_mode_fails_clearly_off_the_cpu_or_without_the_extension(
 
 
 def test_emulated_vendor_paths_keep_the_vendor_kernel_on_the_cpu(
-    fake_ops: Any, monkeypatch: pytest.MonkeyPatch
+    fake_ops: Any, emulation_platform: object, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    monkeypatch.delenv("VLLM_KUNLUN_EMULATION_VENDOR", raising=False)
+    kernels = sampling.select_kernels(CPU)
+    assert kernels.name in ("native", "portable")
+    assert kernels.reason.startswith("host emulation takes the portable paths")
     monkeypatch.setenv("VLLM_KUNLUN_EMULATION_VENDOR", "1")
     assert sampling.select_kernels(CPU).name == "vendor"
+
+
+def test_another_vllm_platform_takes_no_vendor_kernel(
+    fake_ops: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A CUDA host's own platform (kernel developers' GPU checks) never gets the vendor
+    kernel, even where a kunlun_ops module imports."""
+    from vllm.platforms.cpu import CpuPlatform
+
+    from tests.conftest import serve_platform
+
+    serve_platform(monkeypatch, CpuPlatform())
+    kernels = sampling.select_kernels(CUDA)
+    assert kernels.name == "portable"
+    assert kernels.reason == "the active vLLM platform is not a vllm-kunlun platform"
 
 
 def test_auto_without_vendor_library_says_why(no_vendor: None) -> None:

@@ -22,7 +22,7 @@ from vllm.config import (
     set_current_vllm_config,
 )
 
-from vllm_kunlun.ops import routes
+from vllm_kunlun.ops import chooser, routes
 from vllm_kunlun.ops.contract import VENDOR_CONTRACT
 
 TOL = {
@@ -54,7 +54,7 @@ def fake_ops(
 
     kunlun_ops.reset()
     routes.forget_routes()
-    monkeypatch.setattr(routes, "platform_policy", lambda: (True, "test"))
+    monkeypatch.setattr(chooser, "vendor_policy", lambda: (True, "test"))
     kunlun_ops.KEYWORDS = []
     for name in VENDOR_CONTRACT["kunlun_ops"]:
         fn = getattr(kunlun_ops, name)
@@ -410,7 +410,7 @@ def test_platform_that_wants_no_vendor_kernels_keeps_native(
 ) -> None:
     from vllm_kunlun.ops.custom_ops.norms import KunlunRMSNorm
 
-    monkeypatch.setattr(routes, "platform_policy", lambda: (False, "not wanted"))
+    monkeypatch.setattr(chooser, "vendor_policy", lambda: (False, "not wanted"))
     layer = KunlunRMSNorm(64)
     x = torch.randn(3, 64)
     torch.testing.assert_close(layer.forward_oot(x), layer.forward_native(x))

@@ -12,7 +12,7 @@ from vllm.config import CompilationConfig
 
 from vllm_kunlun.demo.run import choose_platform
 from vllm_kunlun.doctor.vendor_contract import compare_contract
-from vllm_kunlun.ops import custom_ops, routes, vendor
+from vllm_kunlun.ops import chooser, custom_ops, routes, vendor
 from vllm_kunlun.ops.contract import VENDOR_CONTRACT
 from vllm_kunlun.platforms.emulation import KunlunHostEmulationPlatform
 from vllm_kunlun.platforms.kunlun import KunlunPlatform
@@ -34,11 +34,15 @@ def test_the_fakes_present_every_declared_call_with_its_keywords(
     assert report.checked == sum(len(calls) for calls in VENDOR_CONTRACT.values())
 
 
-def test_route_status_sums_layers_calls_and_reasons(fake_vendor_path: Path) -> None:
+def test_route_status_sums_layers_calls_and_reasons(
+    fake_vendor_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     routes.forget_routes()
     try:
-        ready = routes.Route("silu_and_mul", ["silu_and_mul"], policy=(True, "t"))
-        off = routes.Route("silu_and_mul", ["silu_and_mul"], policy=(False, "off"))
+        monkeypatch.setattr(chooser, "vendor_policy", lambda: (True, "t"))
+        ready = routes.Route("silu_and_mul", ["silu_and_mul"])
+        monkeypatch.setattr(chooser, "vendor_policy", lambda: (False, "off"))
+        off = routes.Route("silu_and_mul", ["silu_and_mul"])
         ready.run(lambda k, x: x + 1, lambda x: x, 1)
         ready.run(lambda k, x: (_ for _ in ()).throw(routes.Refused("odd")), abs, -2)
         assert off.run(lambda k, x: 0, abs, -3) == 3

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from vllm_kunlun.logger import init_logger
-from vllm_kunlun.ops import routes
+from vllm_kunlun.ops import chooser
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
@@ -90,7 +90,7 @@ def register_all(policy: tuple[bool, str] | None = None) -> list[str]:
 
     if not platform_resolved():
         return []
-    wanted, why = routes.platform_policy() if policy is None else policy
+    wanted, why = chooser.vendor_policy() if policy is None else policy
     if not wanted:
         logger.debug("vllm-kunlun: vLLM's CustomOps stay as they are: %s", why)
         return []

@@ -16,11 +16,11 @@ with vLLM's signatures, and routes each call:
 - ``triton``: vLLM's own kernel (the function the runtime patch replaced).
 - ``portable``: ``gdn_portable`` (torch, any device).
 
-``VLLM_KUNLUN_GDN``: ``auto`` (vendor where wired and importable and the tensors are on
-a device; else Triton when it has an active driver and the tensors are on a device; else
-portable), ``vendor`` (fail when the vendor kernel is missing; portable for the other
-ops), ``triton`` (fail without a driver), ``portable``. Each op's choice and its reason
-are logged once per process. If a Triton kernel raises (e.g. it cannot compile for the
+``VLLM_KUNLUN_GDN``: ``auto`` (vendor where wired, the active platform wants vendor
+kernels and it loads; else Triton when it has an active driver and the tensors are on a
+device; else portable), ``vendor`` (fail when the vendor kernel is missing; portable for
+the other ops), ``triton`` (fail without a driver), ``portable``. ``ops/chooser.py``
+makes each op's choice and logs it once. If a Triton kernel raises (e.g. it cannot compile for the
 device), that op switches to portable with a warning that quotes the error.
 """
 
@@ -33,17 +33,16 @@ from typing import Any
 
 import torch
 
-from vllm_kunlun import envs, versions
 from vllm_kunlun.logger import init_logger
-from vllm_kunlun.ops import vendor
+from vllm_kunlun.ops import chooser, vendor
 from vllm_kunlun.ops.gdn import portable
 
 logger = init_logger(__name__)
 
 VENDOR_MODULE = "kunlun_ops"
-VENDOR = "vendor"
-TRITON = "triton"
-PORTABLE = "portable"
+VENDOR = chooser.VENDOR
+TRITON = chooser.TRITON
+PORTABLE = chooser.PORTABLE
 # The entry points, by the name vLLM's qwen3_next module calls them.
 OPS = (
     "fused_gdn_gating",
@@ -92,54 +91,27 @@ def vendor_function(op: str) -> tuple[Callable[..., Any] | None, str]:
     return fn, (f"{reason} is available" if fn is not None else reason)
 
 
+def _triton(op: str) -> tuple[bool, str]:
+    if op in _TRITON_BROKEN:
+        return False, _TRITON_BROKEN[op]
+    return triton_driver()
+
+
 def choose(op: str, device: torch.device) -> GdnChoice:
-    """The kernel for ``op`` on ``device`` per ``VLLM_KUNLUN_GDN``; logged once."""
+    """The kernel for ``op`` on ``device`` per ``VLLM_KUNLUN_GDN`` and the active
+    platform's policy (``ops/chooser.py``, which logs it once)."""
     key = (op, device.type)
     if key in _CHOICES:
         return _CHOICES[key]
-    mode = envs.VLLM_KUNLUN_GDN
-    on_device = device.type != "cpu"
-    fn, vendor_why = vendor_function(op)
-    has_triton, triton_why = triton_driver()
-    if mode == PORTABLE:
-        choice = GdnChoice(op, PORTABLE, "VLLM_KUNLUN_GDN=portable")
-    elif mode == VENDOR:
-        if fn is None and op in VENDOR_FUNCTIONS:
-            raise RuntimeError(
-                f"VLLM_KUNLUN_GDN=vendor, but {vendor_why}. Install the vendor op "
-                "library of the validated combination "
-                f"({versions.label('kunlun_ops')}), or set VLLM_KUNLUN_GDN=auto."
-            )
-        choice = (
-            GdnChoice(op, VENDOR, f"VLLM_KUNLUN_GDN=vendor; {vendor_why}")
-            if fn is not None
-            else GdnChoice(op, PORTABLE, f"VLLM_KUNLUN_GDN=vendor; {vendor_why}")
-        )
-    elif mode == TRITON:
-        if not has_triton:
-            raise RuntimeError(
-                f"VLLM_KUNLUN_GDN=triton, but {triton_why}. Set VLLM_KUNLUN_GDN=auto "
-                "(portable torch kernels are used where Triton cannot run)."
-            )
-        choice = GdnChoice(op, TRITON, "VLLM_KUNLUN_GDN=triton")
-    elif not on_device:
-        choice = GdnChoice(op, PORTABLE, "the tensors are on the CPU")
-    elif fn is not None:
-        choice = GdnChoice(op, VENDOR, vendor_why)
-    elif has_triton and op not in _TRITON_BROKEN:
-        choice = GdnChoice(op, TRITON, f"{triton_why}; {vendor_why}")
-    else:
-        why = _TRITON_BROKEN.get(op, triton_why)
-        choice = GdnChoice(op, PORTABLE, f"{why}; {vendor_why}")
-    _CHOICES[key] = choice
-    logger.info_once(
-        "vllm-kunlun: GDN kernel %s on %s: %s (%s)",
-        op,
-        device.type,
-        choice.name,
-        choice.reason,
+    choice = chooser.choose(
+        chooser.GDN,
+        device,
+        vendor=(lambda: vendor_function(op)) if op in VENDOR_FUNCTIONS else None,
+        triton=lambda: _triton(op),
+        op=op,
     )
-    return choice
+    _CHOICES[key] = GdnChoice(op, choice.name, choice.reason)
+    return _CHOICES[key]
 
 
 def _device_of(arguments: dict[str, Any]) -> torch.device:
@@ -170,7 +142,7 @@ def dispatcher(op: str, triton_fn: Callable[..., Any]) -> Callable[..., Any]:
             try:
                 return triton_fn(*args, **kwargs)
             except Exception as exc:
-                if envs.VLLM_KUNLUN_GDN == TRITON:
+                if chooser.mode_of(chooser.GDN) == TRITON:
                     raise
                 _TRITON_BROKEN[op] = f"vLLM's Triton {op} failed ({exc!r:.200})"
                 _CHOICES.pop((op, device.type), None)

@@ -17,9 +17,9 @@ upstream Kunlun plugin makes for this scheme:
   vLLM's own ``_C`` signatures and scales. The xspeedgate ops are torch custom ops
   (``torch.ops.xspeedgate_ops.*``, registered when ``xspeedgate_ops`` is imported).
 
-``VLLM_KUNLUN_INT8_MM`` chooses: ``auto`` (vendor when every op is there and the tensors
-are on a device, else portable), ``vendor`` (fail when missing), ``portable``. The choice
-and its reason are logged once per device.
+``VLLM_KUNLUN_INT8_MM`` chooses: ``auto`` (vendor where the active platform wants
+vendor kernels and every op is there, else portable), ``vendor`` (fail when missing),
+``portable``; ``ops/chooser.py`` makes the choice and logs it once per device.
 
 Both paths run behind one torch custom op, ``torch.ops.vllm_kunlun.int8_scaled_mm``, so
 that torch.compile sees one opaque op with a fake implementation instead of vendor
@@ -35,15 +35,11 @@ from typing import Any
 
 import torch
 
-from vllm_kunlun import envs, versions
-from vllm_kunlun.logger import init_logger
-from vllm_kunlun.ops import vendor
+from vllm_kunlun.ops import chooser, vendor
 from vllm_kunlun.ops.int8 import portable
 
-logger = init_logger(__name__)
-
-VENDOR = vendor.VENDOR
-PORTABLE = vendor.PORTABLE
+VENDOR = chooser.VENDOR
+PORTABLE = chooser.PORTABLE
 # (module, function) pairs the vendor path calls; ops/contract.py declares them.
 KUNLUN_OPS = ("quant2d", "matmul")
 XSPEEDGATE_OPS = (
@@ -190,24 +186,8 @@ def select_kernels(device: torch.device | str) -> Int8Kernels:
     device = torch.device(device)
     if device in _selected:
         return _selected[device]
-    choice = vendor.choose_path(
-        "VLLM_KUNLUN_INT8_MM",
-        envs.VLLM_KUNLUN_INT8_MM,
-        device,
-        load_vendor,
-        cpu_reason="the tensors are on the CPU",
-        demanded_fix=versions.VENDOR_LIBS_HINT[0].upper()
-        + versions.VENDOR_LIBS_HINT[1:],
-        fallback_warning="vllm-kunlun: W8A8 int8 layers on %s use the portable torch "
-        "kernels, not the vendor kernels: %s",
-    )
+    choice = chooser.choose(chooser.INT8_MM, device, vendor=load_vendor)
     kernels = Int8Kernels(choice.name, choice.reason, choice.vendor)
-    logger.info(
-        "vllm-kunlun: int8 linear kernels on %s: %s (%s)",
-        device,
-        kernels.name,
-        kernels.reason,
-    )
     _selected[device] = kernels
     return kernels
 

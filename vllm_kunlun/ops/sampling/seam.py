@@ -10,10 +10,11 @@ Logits on the CPU (host emulation, CI) go to the plugin's C++ kernel
 CUDA devices, a missing library or extension) uses the portable torch implementation in
 ``sampling_portable`` (flashinfer's sampling API on any device): no sort, no host sync.
 
-``VLLM_KUNLUN_SAMPLER`` chooses: ``auto`` (vendor when importable and the tensors are
-on a device; native for CPU tensors when the extension has it; else portable),
-``vendor`` (fail when missing), ``native`` (fail when missing or not on the CPU),
-``portable``. The choice and its reason are logged once per process.
+``VLLM_KUNLUN_SAMPLER`` chooses: ``auto`` (the vendor kernel where the active
+platform wants vendor kernels and it loads; native for CPU tensors when the extension
+is preferred; else portable), ``vendor`` (fail when missing), ``native`` (fail when
+missing or not on the CPU), ``portable``; ``ops/chooser.py`` makes the choice and logs
+it once.
 """
 
 from __future__ import annotations
@@ -23,19 +24,15 @@ from dataclasses import dataclass
 
 import torch
 
-from vllm_kunlun import envs, versions
-from vllm_kunlun.logger import init_logger
-from vllm_kunlun.ops import vendor
+from vllm_kunlun.ops import chooser, vendor
 from vllm_kunlun.ops.sampling import native_cpu as native
 from vllm_kunlun.ops.sampling import portable
 
-logger = init_logger(__name__)
-
 VENDOR_MODULE = "kunlun_ops"
 VENDOR_FUNCTION = "top_k_top_p_sampling_from_probs"
-VENDOR = vendor.VENDOR
-NATIVE = "native"
-PORTABLE = vendor.PORTABLE
+VENDOR = chooser.VENDOR
+NATIVE = chooser.NATIVE
+PORTABLE = chooser.PORTABLE
 
 
 @dataclass(frozen=True)
@@ -115,50 +112,9 @@ def _vendor_function() -> tuple[Callable[..., torch.Tensor] | None, str]:
 
 
 def select_kernels(device: torch.device) -> SamplingKernels:
-    """The kernels for tensors on ``device``, per ``VLLM_KUNLUN_SAMPLER``; logs once."""
-    mode = envs.VLLM_KUNLUN_SAMPLER
-    kernels = _cpu_kernels(mode, device)
-    if kernels is None:
-        choice = vendor.choose_path(
-            "VLLM_KUNLUN_SAMPLER",
-            mode,
-            device,
-            _vendor_function,
-            cpu_reason=CPU_REASON,
-            demanded_fix=f"Install the vendor op library of the validated combination "
-            f"({versions.label('kunlun_ops')})",
-            fallback_warning="vllm-kunlun: sampling on %s uses the portable torch "
-            "kernels, not the vendor kernel: %s",
-        )
-        kernels = SamplingKernels(choice.name, choice.reason, choice.vendor)
-    logger.info_once(
-        "vllm-kunlun: sampling kernels: %s (%s)", kernels.name, kernels.reason
+    """The kernels for tensors on ``device``, per ``VLLM_KUNLUN_SAMPLER`` and the
+    active platform's policy (``ops/chooser.py``, which logs the choice once)."""
+    choice = chooser.choose(
+        chooser.SAMPLING, device, vendor=_vendor_function, native=native
     )
-    return kernels
-
-
-CPU_REASON = "the logits are on the CPU"
-
-
-def _cpu_kernels(mode: str, device: torch.device) -> SamplingKernels | None:
-    """The choice that is the native kernel's to make: ``native`` (it or an error), and
-    ``auto`` with CPU tensors (it where it is faster, else portable torch and why);
-    None leaves the choice to ``vendor.choose_path`` (devices, host emulation taking
-    the vendor paths, ``vendor``, ``portable``)."""
-    if mode == NATIVE:
-        if device.type != "cpu":
-            raise RuntimeError(
-                f"VLLM_KUNLUN_SAMPLER=native runs on the CPU, but the logits are on "
-                f"{device}; set VLLM_KUNLUN_SAMPLER=auto."
-            )
-        ok, why = native.available()
-        if not ok:
-            raise RuntimeError(
-                f"VLLM_KUNLUN_SAMPLER=native, but {why}; or set "
-                "VLLM_KUNLUN_SAMPLER=auto to use the portable torch kernels."
-            )
-        return SamplingKernels(NATIVE, f"VLLM_KUNLUN_SAMPLER=native; {why}")
-    if mode != "auto" or device.type != "cpu" or envs.VLLM_KUNLUN_EMULATION_VENDOR:
-        return None
-    ok, why = native.preferred()
-    return SamplingKernels(NATIVE if ok else PORTABLE, f"{CPU_REASON}; {why}")
+    return SamplingKernels(choice.name, choice.reason, choice.vendor)
