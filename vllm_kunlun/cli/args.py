@@ -1,4 +1,5 @@
-"""argparse types for the numeric options of ``vllm-kunlun``: checked at parsing.
+"""argparse types for the numeric options of ``vllm-kunlun``: checked at parsing; and
+the ``--json`` flag every reporting command shares.
 
 Why: ``float("nan")``, ``inf`` and negative numbers all parse as floats. Unchecked,
 ``--device-memory-gib nan`` crashed the doctor, ``-5`` advised a utilization of 2.20,
@@ -68,6 +69,12 @@ def positive_float(maximum: float = math.inf) -> Callable[[str], float]:
 def non_negative_float(maximum: float = math.inf) -> Callable[[str], float]:
     """A finite number >= 0 (and <= maximum)."""
     return _float_from_zero(True, maximum)
+
+
+def add_json_flag(parser: argparse.ArgumentParser) -> None:
+    """``--json``: one JSON document on stdout and nothing else (``cli.main`` sends
+    everything else to stderr)."""
+    parser.add_argument("--json", action="store_true", help="machine-readable output")
 
 
 def fraction(raw: str) -> float:

@@ -6,10 +6,12 @@ import argparse
 import json
 from typing import Any
 
+from vllm_kunlun.cli.args import add_json_flag
+
 
 def add_parser(sub: Any) -> None:
     p = sub.add_parser("versions", help="installed stack vs the validated combination")
-    p.add_argument("--json", action="store_true", help="machine-readable output")
+    add_json_flag(p)
     p.add_argument(
         "--strict",
         action="store_true",

@@ -7,7 +7,13 @@ import os
 import sys
 from typing import Any
 
-from vllm_kunlun.cli.args import fraction, int_range, non_negative_float, positive_float
+from vllm_kunlun.cli.args import (
+    add_json_flag,
+    fraction,
+    int_range,
+    non_negative_float,
+    positive_float,
+)
 
 # Bounds far above any deployment, low enough that the arithmetic stays exact.
 MAX_TP = 1024
@@ -48,7 +54,7 @@ def add_parser(sub: Any) -> None:
         help="vllm-kunlun source checkout to compare with the installed package "
         "(default: the checkout at or above the working directory, if any)",
     )
-    p.add_argument("--json", action="store_true", help="machine-readable output")
+    add_json_flag(p)
     p.set_defaults(func=run)
 
 

@@ -15,7 +15,7 @@ import json
 import sys
 from typing import Any
 
-from vllm_kunlun.cli.args import non_negative_float
+from vllm_kunlun.cli.args import add_json_flag, non_negative_float
 
 EXIT_OK, EXIT_DRIFT, EXIT_REFUSED, EXIT_INCONSISTENT = 0, 1, 2, 3
 
@@ -32,7 +32,7 @@ def add_parser(sub: Any) -> None:
         help="patch set directory (default: VLLM_KUNLUN_PATCH_DIR or the "
         "source checkout's patches/vllm-0.15.1-torch-2.5.1)",
     )
-    common.add_argument("--json", action="store_true", help="machine-readable output")
+    add_json_flag(common)
     common.add_argument(
         "--dry-run",
         action="store_true",
