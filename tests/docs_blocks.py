@@ -75,6 +75,17 @@ def readme_demo_labels() -> set[str]:
     return {m.group(1) for m in re.finditer(r"^([a-z][a-z ]*?) *: ", block, re.M)}
 
 
+def readme_demo_values() -> tuple[dict[str, str], dict[str, str]]:
+    """README's demo output block: ``{label: value}`` and ``{prompt: continuation}``."""
+    block = block_after(REPO / "README.md", README_DEMO_MARKER)
+    values = {
+        m.group(1): m.group(2)
+        for m in re.finditer(r"^([a-z][a-z ]*?) *: (.*)$", block, re.M)
+    }
+    generations = dict(re.findall(r"^> (.*)\n  (.*)$", block, re.M))
+    return values, generations
+
+
 def readme_doctor_rows() -> tuple[list[tuple[str, str]], str]:
     """README's doctor output block: ``(STATUS, check)`` rows and the summary line."""
     block = block_after(REPO / "README.md", README_DOCTOR_MARKER)

@@ -22,6 +22,7 @@ import pytest
 from tests.conftest import REPO, child_env
 from tests.docs_blocks import (
     DOCS,
+    README_DOCTOR_MARKER,
     block_after,
     documented_commands,
     readme_doctor_rows,
@@ -176,6 +177,55 @@ def test_doctor_json_is_what_the_docs_show() -> None:
         r"^\| (?:\d+|–) \| `(\w+)` \|", (REPO / "docs" / "doctor.md").read_text(), re.M
     )
     assert table == names
+
+
+HOST_PARTS = (
+    # What differs between the machine the docs were run on and this one.
+    (re.compile(r"\((\w+) kernels\)"), "(<isa> kernels)"),  # the native sampler's ISA
+)
+
+
+def _normal(text: str, paths: dict[Path, str]) -> list[str]:
+    for path, shown in paths.items():
+        text = text.replace(str(path), shown)
+    for pattern, shown in HOST_PARTS:
+        text = pattern.sub(shown, text)
+    return text.strip().splitlines()
+
+
+def _doctor_text(cwd: Path, *args: str, fakes: bool = False) -> tuple[int, str]:
+    proc = subprocess.run(
+        [CONSOLE, "doctor", *args],
+        env=child_env(fakes=fakes),
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=cwd,
+    )
+    return proc.returncode, proc.stdout
+
+
+def test_the_doctor_output_the_docs_show_is_todays(tmp_path: Path) -> None:
+    """Values, not only labels: README's and docs/doctor.md's pasted doctor reports are
+    what the doctor prints today, line for line (the checkout's path and the native
+    kernel's ISA aside), in the two situations they were taken in."""
+    code, out = _doctor_text(REPO)
+    shown = {REPO: "/work/main"}
+    readme = block_after(REPO / "README.md", README_DOCTOR_MARKER)
+    assert _normal(out, shown) == _normal(readme, {}), out
+    doctor_md = REPO / "docs" / "doctor.md"
+    assert _normal(out, shown) == _normal(
+        block_after(doctor_md, "`vllm-kunlun doctor` (exit code 0)"), {}
+    )
+    assert code == 0
+
+    # The second: a shorthand model path, the fakes on the path (KunlunPlatform active).
+    (tmp_path / "models" / "Qwen3.8-27B-W8A8-INT8-Dynamic").mkdir(parents=True)
+    command = "vllm-kunlun doctor --model models/Qwen3.8 --tensor-parallel-size 8"
+    code, out = _doctor_text(tmp_path, *command.split()[2:], fakes=True)
+    expected = block_after(doctor_md, f"`{command}` (exit code 1)")
+    assert _normal(out, {tmp_path: "/tmp/doctor-demo"}) == _normal(expected, {}), out
+    assert code == 1
 
 
 def test_doctor_docstrings_number_the_checks_in_report_order() -> None:

@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 
 from tests.conftest import REPO, child_env, run_python
+from tests.docs_blocks import readme_demo_values
 from vllm_kunlun.demo.run import DEFAULT_PROMPTS
 from vllm_kunlun.demo.tiny_model import vocabulary, write_tiny_model
 from vllm_kunlun.ops.sampling import native_cpu as sampling_native
@@ -319,6 +320,20 @@ def test_demo_runs_the_multiprocessing_engine(work: Path, hf: dict) -> None:
     assert report["output_tokens"] == DEMO_TOKENS * len(DEFAULT_PROMPTS)
     assert report["output_tokens_per_s"] > 0
     assert "HOST EMULATION active" in proc.stderr  # the platform's banner
+
+    # README's pasted demo output holds today's values: what served, and the greedy
+    # continuations (README's run decoded more tokens: today's are their start).
+    values, generations = readme_demo_values()
+    isa = re.compile(r"\((\w+) kernels\)")
+    assert values["platform"].startswith(info["platform"])
+    assert values["attention"] == ", ".join(info["attention_backends"])
+    assert values["sampler"] == info["topk_topp_forward"]
+    assert isa.sub("(<isa>)", values["sampling kernels"]) == isa.sub(
+        "(<isa>)", info["sampling_kernels"]
+    )
+    assert list(generations) == list(DEFAULT_PROMPTS)
+    for g in report["generations"]:
+        assert generations[g["prompt"]].startswith(g["text"].strip()), g
 
 
 def test_engine_start_guard_names_the_missing_model_path(tmp_path: Path) -> None:
