@@ -1,7 +1,7 @@
 """HTTP clients for the ``vllm serve`` tests (test_serve.py): a keep-alive client that
 fails on a dropped connection, readers and silent clients for the shutdown test, and
 the server-side facts the tests read (engine core alive, requests in the engine, the
-port free again)."""
+port free again); and ``vllm-kunlun accuracy --json`` run against a server."""
 
 from __future__ import annotations
 
@@ -181,3 +181,23 @@ def port_free(port: int) -> bool:
         except OSError:
             return False
     return True
+
+
+def accuracy_cli(
+    url: str, model_dir: str, timeout: float = 600.0
+) -> tuple[int, dict[str, Any], str]:
+    """``vllm-kunlun accuracy --json`` as a user runs it: exit code, the JSON, stderr."""
+    import subprocess
+    import sys
+
+    from tests.conftest import child_env
+
+    cli = [sys.executable, "-m", "vllm_kunlun.cli", "accuracy"]
+    proc = subprocess.run(
+        [*cli, "--url", url, "--model", model_dir, "--json"],
+        env=child_env(fakes=False),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    return proc.returncode, json.loads(proc.stdout), proc.stderr

@@ -1,6 +1,6 @@
 """``vllm serve`` in host emulation, driven as a user drives it: the OpenAI client and
 plain HTTP against one real server process on 127.0.0.1 for the whole module (a server
-start costs 30-60 s on the 2-core CI, so every server test shares it), in three parts:
+start costs 30-60 s on the 2-core CI, so every server test shares it), in four parts:
 
 - Serving: models, greedy completions and chat equal to transformers' greedy decoding
   of the same checkpoint, streaming, seeded sampling, 64 concurrent requests, bad
@@ -10,6 +10,8 @@ start costs 30-60 s on the 2-core CI, so every server test shares it), in three 
   completion, with the engine core still alive. ``n`` is first sent one above the
   limit (``--max-num-seqs``); the billion of the original report only once that was
   refused, so a server without the guard fails instead of filling the memory.
+- Accuracy: ``vllm-kunlun accuracy`` on the served checkpoint passes, top-1 agreement
+  1.0 in float32 (a corrupted deployment fails in test_accuracy_broken.py).
 - Last, Ctrl-C on the busy server: with 24 requests in flight (streaming and not,
   completions and chat, some clients that never read) SIGINT stops the server and
   every process it started within VLLM_KUNLUN_SHUTDOWN_TIMEOUT (its default, 10 s)
@@ -52,6 +54,7 @@ from tests.integration.serve_clients import (
     TIMEOUT,
     Client,
     Reader,
+    accuracy_cli,
     assert_refused,
     assert_still_serving,
     completion,
@@ -375,6 +378,21 @@ def test_a_body_that_is_not_an_object_is_a_400_on_a_kept_connection(
     assert status == 400, answer
     assert_refused(answer, "body", "must be a JSON object", kind)
     assert_still_serving(server, kept)
+
+
+def test_accuracy_passes_on_the_served_checkpoint(
+    server: ServerProcess, model_dir: str
+) -> None:
+    """``vllm-kunlun accuracy`` against transformers on the same checkpoint: float32
+    emulation computes the same numbers (docs/accuracy.md)."""
+    code, doc, err = accuracy_cli(server.url, model_dir)
+    assert code == 0, (doc, err[-3000:])
+    assert doc["passed"] and doc["failures"] == []
+    assert doc["precision"] == "float32" and doc["reference_dtype"] == "float32"
+    assert doc["agreement"] == 1.0
+    assert doc["max_gap"] <= doc["thresholds"]["max_gap"]
+    assert len(doc["prompts"]) >= 4 and all(p["positions"] > 0 for p in doc["prompts"])
+    assert "Loading weights" not in err  # no progress under --json
 
 
 def test_sigint_with_24_requests_in_flight_stops_every_process_within_the_bound(

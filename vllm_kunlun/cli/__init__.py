@@ -18,6 +18,7 @@ SUBCOMMAND_MODULES = (
     "vllm_kunlun.cli.versions",
     "vllm_kunlun.file_patches.cli",
     "vllm_kunlun.demo.cli",
+    "vllm_kunlun.accuracy.cli",
 )
 
 
