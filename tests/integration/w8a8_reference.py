@@ -54,9 +54,12 @@ def float64_reference(
 
     raw = json.loads((Path(model_dir) / "config.json").read_text())
     raw.pop("quantization_config")
+    tensors = load_file(str(Path(model_dir) / "model.safetensors"))
+    if "text_config" in raw:  # a composite: its text model, as a causal LM
+        raw = raw["text_config"]
+        tensors = _text_tensors(tensors)
     config = AutoConfig.for_model(**raw)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float64).eval()
-    tensors = load_file(str(Path(model_dir) / "model.safetensors"))
     state, quantized = {}, []
     for name, t in tensors.items():
         if name.endswith(".weight_scale"):
@@ -73,6 +76,19 @@ def float64_reference(
     for name in quantized:
         modules[name].register_forward_pre_hook(lambda m, args: (quantize(args[0]),))
     return model
+
+
+def _text_tensors(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """A composite's text-model tensors under the causal LM's names (the vision tower
+    and the MTP head dropped: text prompts never reach them)."""
+    prefix = "model.language_model."
+    out = {
+        "model." + n.removeprefix(prefix): t
+        for n, t in tensors.items()
+        if n.startswith(prefix)
+    }
+    out["lm_head.weight"] = tensors["lm_head.weight"]
+    return out
 
 
 def transformers_native(model_dir: str) -> torch.nn.Module:
@@ -132,5 +148,23 @@ def post(spec: dict[str, Any], result: dict[str, Any]) -> dict[str, Any]:
         ]
         out["transformers"][name] = [
             teacher_forced(native, r["prompt_token_ids"], r["token_ids"]) for r in rows
+        ]
+    return out
+
+
+def post_float64(spec: dict[str, Any], result: dict[str, Any]) -> dict[str, Any]:
+    """The same-quantization float64 reference only (e2e_runner's ``post`` hook), for
+    checkpoints whose compressed-tensors loading transformers cannot do as a causal LM:
+    a composite's ``quantization_config`` sits beside ``text_config``, which
+    ``AutoModelForCausalLM`` builds the text model from, so transformers would load the
+    int8 weights as floats and drop every ``weight_scale``."""
+    ref = float64_reference(spec["model"])
+    out: dict[str, Any] = {"float64_greedy": {}, "float64": {}}
+    for name, rows in result["jobs"].items():
+        out["float64_greedy"][name] = [
+            greedy(ref, r["prompt_token_ids"], len(r["token_ids"])) for r in rows
+        ]
+        out["float64"][name] = [
+            teacher_forced(ref, r["prompt_token_ids"], r["token_ids"]) for r in rows
         ]
     return out

@@ -94,15 +94,14 @@ def add_parser(sub: Any) -> None:
         "--quant",
         choices=("w8a8",),
         help="w8a8: a compressed-tensors W8A8-INT8 checkpoint (int8 weights, dynamic "
-        "per-token int8 activations; lm_head stays float)",
+        "per-token int8 activations; lm_head, and for qwen3_5 the vision tower and "
+        "the MTP head, stay float)",
     )
     t.set_defaults(func=run_tiny_model_command)
 
 
 def run_tiny_model_command(args: argparse.Namespace) -> int:
     quant = getattr(args, "quant", None)
-    if args.arch == "qwen3_5" and quant == "w8a8":
-        return _tiny_model_refused("--quant w8a8 is written for --arch qwen3 only")
     if args.arch != "qwen3_5" and args.layout != "causal":
         return _tiny_model_refused("--layout applies to --arch qwen3_5 only")
 
@@ -117,8 +116,16 @@ def run_tiny_model_command(args: argparse.Namespace) -> int:
         from vllm_kunlun.demo.tiny_model import write_tiny_model
         from vllm_kunlun.demo.tiny_qwen3_5 import ARCHITECTURES, TinyQwen3_5Spec
 
-        out = write_tiny_model(args.directory, TinyQwen3_5Spec(layout=args.layout))
+        spec = TinyQwen3_5Spec(layout=args.layout)
         what = f"tiny Qwen3.5 hybrid ({ARCHITECTURES[args.layout]})"
+        if quant == "w8a8":
+            from vllm_kunlun.demo.tiny_quant import write_tiny_w8a8
+
+            out = write_tiny_w8a8(args.directory, spec)
+            what += " W8A8-INT8 (compressed-tensors, dynamic; vision tower, MTP head "
+            what += "and lm_head float)"
+        else:
+            out = write_tiny_model(args.directory, spec)
     elif quant == "w8a8":
         from vllm_kunlun.demo.tiny_quant import write_tiny_w8a8
 

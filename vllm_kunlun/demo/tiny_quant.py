@@ -27,10 +27,20 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     import torch
 
+    from vllm_kunlun.demo.tiny_qwen3_5 import TinyQwen3_5Spec
+
 WEIGHTS_FILE = "model.safetensors"
 # The tiny Qwen3's linear layers: attention and MLP projections (lm_head stays float).
 QWEN3_LINEAR_WEIGHTS = r"model\.layers\.\d+\.(self_attn|mlp)\.\w+_proj\.weight"
 QWEN3_IGNORE = ("lm_head",)
+# The tiny Qwen3.5's text linears (causal or composite names): full attention, Gated
+# DeltaNet projections and MLP. The vision tower, the MTP head and lm_head stay float,
+# the way the log's ``-W8A8-INT8-Dynamic`` composite keeps its vision tower.
+QWEN3_5_LINEAR_WEIGHTS = (
+    r"model\.(language_model\.)?layers\.\d+\.(self_attn|mlp|linear_attn)"
+    r"\.\w+_proj(_\w+)?\.weight"
+)
+QWEN3_5_IGNORE = ("lm_head", "re:.*visual.*", "re:.*mtp.*")
 
 
 def quantize_weight(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -140,18 +150,25 @@ def quantize_checkpoint(
     return out
 
 
-def write_tiny_w8a8(directory: str | os.PathLike[str]) -> Path:
-    """The tiny Qwen3, quantized to W8A8-INT8 dynamic (``lm_head`` stays float)."""
+def write_tiny_w8a8(
+    directory: str | os.PathLike[str], spec: TinyQwen3_5Spec | None = None
+) -> Path:
+    """The tiny Qwen3 (``spec`` None) or the tiny Qwen3.5 of ``spec``, quantized to
+    W8A8-INT8 dynamic; what stays float is ``QWEN3_IGNORE`` / ``QWEN3_5_IGNORE``."""
     from safetensors import safe_open
 
     from vllm_kunlun.demo.tiny_model import MARKER, write_atomic, write_tiny_model
 
-    out = write_tiny_model(directory)
+    out = write_tiny_model(directory, spec)
     marker = json.loads((out / MARKER).read_text())
     (out / MARKER).unlink()  # complete again only once quantized
     with safe_open(str(out / WEIGHTS_FILE), "pt") as f:
         names = list(f.keys())
-    quantize_checkpoint(out, select(names, QWEN3_LINEAR_WEIGHTS), QWEN3_IGNORE)
+    if spec is None:
+        quantize_checkpoint(out, select(names, QWEN3_LINEAR_WEIGHTS), QWEN3_IGNORE)
+    else:
+        weights = select(names, QWEN3_5_LINEAR_WEIGHTS)
+        quantize_checkpoint(out, weights, QWEN3_5_IGNORE)
     marker["quant"] = "w8a8"
     write_atomic(
         out / MARKER, (json.dumps(marker, indent=2, sort_keys=True) + "\n").encode()

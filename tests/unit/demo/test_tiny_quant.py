@@ -120,3 +120,39 @@ def test_cli_writes_the_quantized_model(
     config = json.loads((tmp_path / "m" / "config.json").read_text())
     assert config["quantization_config"]["format"] == "int-quantized"
     assert "W8A8" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("layout", ["causal", "composite"])
+def test_cli_writes_the_quantized_qwen3_5(
+    tmp_path: Path, capsys: pytest.CaptureFixture, layout: str
+) -> None:
+    """Every text linear of the hybrid (GDN, attention, MLP) int8 with its scale, the
+    vision tower and the MTP head float; the same bytes on a second write."""
+    args = ["tiny-model", str(tmp_path / "m"), "--arch", "qwen3_5"]
+    args += ["--layout", layout, "--quant", "w8a8"]
+    assert main(args) == 0
+    tensors = load_file(str(tmp_path / "m" / "model.safetensors"))
+    int8 = {n for n, t in tensors.items() if t.dtype == torch.int8}
+    projections = {
+        n
+        for n in tensors
+        if ".layers." in n
+        and ("_proj" in n)
+        and n.endswith(".weight")
+        and not n.startswith(("model.visual.", "mtp."))
+    }
+    assert int8 == projections
+    assert {"linear_attn.in_proj_qkv", "self_attn.o_proj", "mlp.down_proj"} <= {
+        ".".join(n.split(".")[-3:-1]) for n in int8
+    }
+    assert all(
+        tensors[n.removesuffix(".weight") + ".weight_scale"].dtype == torch.float32
+        for n in int8
+    )
+    floats = [n for n in tensors if n.startswith(("model.visual.", "mtp."))]
+    assert (layout == "composite") == bool(floats)
+    assert all(tensors[n].dtype != torch.int8 for n in floats)
+    first = (tmp_path / "m" / "model.safetensors").read_bytes()
+    assert main(args) == 0  # refreshes what it wrote
+    assert (tmp_path / "m" / "model.safetensors").read_bytes() == first
+    assert "W8A8-INT8" in capsys.readouterr().out
