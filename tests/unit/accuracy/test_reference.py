@@ -107,3 +107,17 @@ def test_usage_and_connection_errors_exit_2_with_only_json(
     code = main(["accuracy", "--url", "http://127.0.0.1:9", "--model", d, "--json"])
     out = capsys.readouterr().out
     assert code == 2 and json.loads(out)["error"].startswith("cannot reach")
+
+
+def test_a_w8a8_composite_is_refused_not_misread(tmp_path: Path) -> None:
+    """transformers would load the log's format (a W8A8 Qwen3.5 composite) as a float
+    model with int8 values for weights: the check refuses instead of passing or failing
+    a deployment on a wrong reference."""
+    from vllm_kunlun.demo.tiny_quant import write_tiny_w8a8
+    from vllm_kunlun.demo.tiny_qwen3_5 import TinyQwen3_5Spec
+
+    d = write_tiny_w8a8(tmp_path / "m", TinyQwen3_5Spec(layout="composite"))
+    with pytest.raises(ReferenceUnavailable, match="no trustworthy reference"):
+        inspect_checkpoint(str(d))
+    causal = write_tiny_w8a8(tmp_path / "c", TinyQwen3_5Spec(layout="causal"))
+    assert inspect_checkpoint(str(causal)).quant == "w8a8"
