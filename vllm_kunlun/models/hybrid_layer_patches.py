@@ -28,6 +28,21 @@ for (``PatchMismatch`` names what differs), and reverts.
   up by its module-level name.
   Removal: with a vLLM that treats zero-context requests as prefills in GDN metadata.
 
+* ``kunlun_mamba_cache_written`` -- ``vllm.v1.core.single_type_kv_cache_manager.
+  MambaManager.cache_blocks``.
+  Why: vLLM 0.15.1 caches (hashes) a request's blocks when they are scheduled, before
+  the step computes them. For attention that is sound (a later request in the same step
+  reads the KV the layer writes first), but with ``mamba_cache_mode='align'`` a block's
+  GDN state is only copied into it after the step: a second request sharing the prefix,
+  scheduled in the same step, hit the block, started from a state never written and
+  generated wrong tokens (found by tests/integration/test_e2e_w8a8_hybrid.py).
+  How: in align mode the manager caches only the blocks of tokens computed in earlier
+  steps (``request.num_computed_tokens`` at allocation); such a request then shares the
+  prefix from the next step on. Applied in the engine core (``Phase.FRONT_END``: vLLM's
+  engine core loads the general plugins first thing) and, whatever ``VLLM_PLUGINS``
+  says, in a model process (``Phase.MODEL_PROCESS``: the engine core itself at TP 1).
+  Removal: when vLLM commits mamba blocks only once their state is written.
+
 * ``kunlun_mamba_copy_block`` -- ``vllm.v1.worker.mamba_utils.collect_mamba_copy_meta``
   and ``do_mamba_copy_block`` (both or neither).
   Why: prefix caching on a hybrid model runs ``mamba_cache_mode='align'``, which copies
@@ -401,12 +416,47 @@ def copy_needs_portable() -> tuple[bool, str]:
     return (not has_triton), why
 
 
+# ---- kunlun_mamba_cache_written ---------------------------------------------------
+
+KV_MANAGERS = "vllm.v1.core.single_type_kv_cache_manager"
+_CACHE_PARAMS = ("self", "request", "num_tokens")
+
+
+def _check_cache_blocks(module: ModuleType, original: Any) -> str | None:
+    manager = getattr(module, "MambaManager", None)
+    if manager is None or not hasattr(manager, "find_longest_cache_hit"):
+        return f"{KV_MANAGERS}.MambaManager is not vLLM 0.15.1's"
+    return expect_params(original, "MambaManager.cache_blocks", _CACHE_PARAMS)
+
+
+def _make_cache_blocks(original: Any) -> Any:
+    @functools.wraps(original)
+    def cache_computed_blocks(self: Any, request: Any, num_tokens: int) -> None:
+        if getattr(self, "mamba_cache_mode", None) == "align":
+            # Only blocks whose state an earlier step wrote: at allocation time
+            # num_computed_tokens has not counted this step's tokens yet.
+            num_tokens = min(num_tokens, request.num_computed_tokens)
+        return original(self, request, num_tokens)
+
+    return cache_computed_blocks
+
+
+MAMBA_CACHE = "kunlun_mamba_cache_written"
+CACHE_PATCH = AttributePatch(
+    MAMBA_CACHE,
+    KV_MANAGERS,
+    "MambaManager.cache_blocks",
+    _make_cache_blocks,
+    _check_cache_blocks,
+)
+
 # ---- applying -----------------------------------------------------------------------------
 
 PATCH_GROUPS: dict[str, tuple[AttributePatch, ...]] = {
     GDN_KERNELS: KERNEL_PATCHES,
     NEW_REQUEST_STATE: (BUILDER_PATCH,),
     MAMBA_COPY: COPY_PATCHES,
+    MAMBA_CACHE: (CACHE_PATCH,),
 }
 
 

@@ -182,6 +182,15 @@ REGISTRY: tuple[RuntimePatch, ...] = (
         "vLLM's mamba block copy has a non-Triton path",
     ),
     RuntimePatch(
+        "kunlun_mamba_cache_written",
+        "vllm_kunlun.models.hybrid_layer_patches",
+        ("vllm.v1.core.single_type_kv_cache_manager.MambaManager.cache_blocks",),
+        "prefix caching on a hybrid model lets a request in the same step hit a block "
+        "whose state is not written yet (wrong tokens)",
+        (Phase.FRONT_END, Phase.MODEL_PROCESS),
+        "vLLM commits mamba blocks only once their state is written",
+    ),
+    RuntimePatch(
         "kunlun_weak_ref_tensor",
         "vllm_kunlun.patching.weak_ref",
         ("vllm.utils.torch_utils.weak_ref_tensor",),

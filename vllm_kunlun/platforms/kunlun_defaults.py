@@ -75,7 +75,6 @@ def apply_kunlun_defaults(vllm_config: VllmConfig) -> None:
             _set(pass_config, name, False, "fusion pass not runnable on torch 2.5.1")
 
     refuse_unschedulable_prefill(vllm_config)
-    warn_shared_prefix_burst(vllm_config)
 
     if vllm_config.lora_config is not None:
         raise ValueError(
@@ -108,25 +107,3 @@ def refuse_unschedulable_prefill(vllm_config: VllmConfig) -> None:
         f"never be scheduled. Use --max-num-batched-tokens {page} or more, or "
         "--no-enable-prefix-caching."
     )
-
-
-SHARED_PREFIX_BURST = (
-    "vllm-kunlun: known issue with prefix caching on a hybrid (GDN) model: when "
-    "requests that share a prompt prefix not yet in the cache are prefilled in one "
-    "batch together with another request, one of them can generate wrong tokens "
-    "(reproduced in host emulation with vLLM 0.15.1, float and W8A8; "
-    "tests/integration/test_e2e_w8a8_hybrid.py; a prefix already cached is served "
-    "correctly). Serve with --no-enable-prefix-caching for exact output until it is "
-    "fixed."
-)
-
-
-def warn_shared_prefix_burst(vllm_config: VllmConfig) -> None:
-    """Say at engine start that this configuration meets the open shared-prefix bug.
-
-    Why: the output is silently wrong, the worst failure a server can have; the cause
-    is not found yet (docs/models.md, known issues). Removal: with the fix.
-    """
-    cache = vllm_config.cache_config
-    if cache is not None and cache.mamba_cache_mode == "align":
-        logger.warning_once(SHARED_PREFIX_BURST)

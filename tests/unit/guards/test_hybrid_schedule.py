@@ -90,18 +90,3 @@ def test_qwen3_5_heads_a_tp_size_cannot_shard_are_refused_by_name() -> None:
         _refuse_unsupported(
             _qwen3_5_config(4, num_attention_heads=4, linear_num_key_heads=2)  # type: ignore[arg-type]
         )
-
-
-@pytest.mark.parametrize(("mode", "warned"), [("align", True), ("none", False)])
-def test_the_open_shared_prefix_bug_is_announced_where_it_applies(
-    monkeypatch: pytest.MonkeyPatch, mode: str, warned: bool
-) -> None:
-    """Prefix caching on a hybrid (align mode) meets the open bug of docs/models.md:
-    the engine says so, naming the way to exact output."""
-    from vllm_kunlun.platforms import kunlun_defaults
-
-    said: list[str] = []
-    monkeypatch.setattr(kunlun_defaults.logger, "warning_once", said.append)
-    kunlun_defaults.warn_shared_prefix_burst(config(mode, 48, 64))  # type: ignore[arg-type]
-    assert said == ([kunlun_defaults.SHARED_PREFIX_BURST] if warned else [])
-    assert "--no-enable-prefix-caching" in kunlun_defaults.SHARED_PREFIX_BURST

@@ -279,8 +279,9 @@ def test_the_hybrid_phase_is_idempotent_and_reverts(clean: None) -> None:
         hybrid_layer_patches.MAMBA_COPY,  # no Triton driver on this host
     ]
     assert apply_phase(Phase.HYBRID_MODEL) == []
+    # The mamba cache patch belongs to the engine core's phases, not this one.
     assert sorted(hybrid_layer_patches.applied()) == sorted(
-        hybrid_layer_patches.PATCH_GROUPS
+        set(hybrid_layer_patches.PATCH_GROUPS) - {hybrid_layer_patches.MAMBA_CACHE}
     )
     hybrid_layer_patches.revert_all()
     assert (
@@ -311,3 +312,66 @@ def test_a_mismatch_applies_nothing_of_the_group(
     with pytest.raises(PatchMismatch, match="kunlun_mamba_copy_block not applied"):
         apply_group(hybrid_layer_patches.COPY_PATCHES)
     assert mamba_utils.do_mamba_copy_block is original_do
+
+
+# ---- kunlun_mamba_cache_written -----------------------------------------------
+
+
+def _mamba_manager(mode: str) -> Any:
+    """vLLM's own MambaManager over its own BlockPool: 16-token pages, 8 blocks."""
+    from vllm.v1.core.block_pool import BlockPool
+    from vllm.v1.core.single_type_kv_cache_manager import MambaManager
+    from vllm.v1.kv_cache_interface import MambaSpec
+
+    spec = MambaSpec(
+        block_size=16,
+        shapes=((4, 4),),
+        dtypes=(torch.float32,),
+        mamba_cache_mode=mode,
+    )
+    pool = BlockPool(num_gpu_blocks=8, enable_caching=True, hash_block_size=16)
+    return MambaManager(
+        spec,
+        block_pool=pool,
+        enable_caching=True,
+        kv_cache_group_id=0,
+        dcp_world_size=1,
+        pcp_world_size=1,
+    )
+
+
+def _request(tokens: int, computed: int) -> Any:
+    from vllm.sampling_params import SamplingParams
+    from vllm.utils.hashing import sha256
+    from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
+    from vllm.v1.request import Request
+
+    init_none_hash(sha256)
+    request = Request(
+        request_id="r",
+        prompt_token_ids=list(range(tokens)),
+        sampling_params=SamplingParams(max_tokens=1),
+        pooling_params=None,
+        eos_token_id=None,
+        block_hasher=get_request_block_hasher(16, sha256),
+    )
+    request.num_computed_tokens = computed
+    return request
+
+
+@pytest.mark.parametrize(
+    ("mode", "computed", "cached"),
+    [("align", 0, 0), ("align", 32, 2), ("none", 0, 3)],
+)
+def test_mamba_pages_are_cached_once_their_state_exists(
+    clean: None, mode: str, computed: int, cached: int
+) -> None:
+    """Scheduling 48 tokens of which ``computed`` ran in earlier steps: in align mode only
+    those pages are committed to the prefix cache (vLLM alone commits all 3); other
+    modes are untouched."""
+    assert hybrid_layer_patches.apply_one(hybrid_layer_patches.MAMBA_CACHE)
+    manager = _mamba_manager(mode)
+    request = _request(48, computed)
+    manager.allocate_new_blocks(request.request_id, 48, 48)
+    manager.cache_blocks(request, 48)
+    assert manager.num_cached_block.get(request.request_id, 0) == cached
