@@ -65,6 +65,9 @@ class Family:
         "Install the vendor op library of the validated combination "
         f"({versions.label('kunlun_ops')})"
     )
+    # Its caller warns at the first call that falls back (ops/routes.py): the chooser
+    # then logs the choice only, so the cause is not warned about twice.
+    caller_warns: bool = False
 
 
 SAMPLING = Family("sampling", "VLLM_KUNLUN_SAMPLER", subject="the logits")
@@ -74,7 +77,7 @@ INT8_MM = Family(
     vendor_fix=versions.VENDOR_LIBS_HINT[0].upper() + versions.VENDOR_LIBS_HINT[1:],
 )
 GDN = Family("GDN", "VLLM_KUNLUN_GDN")
-CUSTOM_OPS = Family("CustomOp", None)
+CUSTOM_OPS = Family("CustomOp", None, caller_warns=True)
 ATTENTION = Family("attention", None)
 FAMILIES = (SAMPLING, INT8_MM, GDN, CUSTOM_OPS, ATTENTION)
 
@@ -215,12 +218,13 @@ def _auto(
         handle, why = vendor()
         if handle is not None:
             return Choice(VENDOR, why, handle)
-        logger.warning_once(
-            "vllm-kunlun: %s on %s use portable paths, not the vendor kernels: %s",
-            what,
-            device.type if device is not None else "the platform's device",
-            why,
-        )
+        if not family.caller_warns:
+            logger.warning_once(
+                "vllm-kunlun: %s on %s use portable paths, not the vendor kernels: %s",
+                what,
+                device.type if device is not None else "the platform's device",
+                why,
+            )
         passed.append(why)
     if native is not None and on_cpu:
         ok, why = native.preferred()

@@ -34,7 +34,9 @@ def warn_if_general_plugin_filtered() -> bool:
     """Warn (once) when VLLM_PLUGINS keeps our general plugin out; True if it does.
 
     The workers apply the sampling patches themselves (``prepare_model_process``), but
-    the front end then runs without the engine-start guards (model path, token ids).
+    the front end then runs without the engine-start guards (model path, token ids),
+    and an engine core without a model in its process misses the scheduler-side fix
+    ``kunlun_mamba_cache_written`` (models/hybrid_layer_patches.py).
     """
     import vllm.envs
 
@@ -43,9 +45,11 @@ def warn_if_general_plugin_filtered() -> bool:
         return False
     logger.warning_once(
         "vllm-kunlun: VLLM_PLUGINS=%s does not include %s: this process runs without "
-        "the engine-start guards (a missing model path, out-of-range token ids). The "
-        "workers still sample on the device. Fix: add %s to VLLM_PLUGINS (e.g. "
-        "VLLM_PLUGINS=kunlun,%s).",
+        "the engine-start guards (a missing model path, out-of-range token ids), and "
+        "an engine core that builds no model (tensor parallel > 1) without the hybrid "
+        "prefix-cache fix kunlun_mamba_cache_written (wrong tokens for requests that "
+        "share a prefix in one batch). The workers still sample on the device. Fix: "
+        "add %s to VLLM_PLUGINS (e.g. VLLM_PLUGINS=kunlun,%s).",
         ",".join(allowed),
         GENERAL_PLUGIN,
         GENERAL_PLUGIN,

@@ -124,7 +124,7 @@ def test_kunlun_keeps_cpu_tensors_off_the_vendor_kernels(
     )
 
 
-@pytest.mark.parametrize("family", ["sampling", "int8", "gdn", "custom_ops"])
+@pytest.mark.parametrize("family", ["sampling", "int8", "gdn", "attention"])
 def test_a_vendor_kernel_that_does_not_load_is_warned_about_with_the_cause(
     family: str,
     monkeypatch: pytest.MonkeyPatch,
@@ -215,3 +215,20 @@ def test_every_family_switch_is_a_validated_variable() -> None:
     names = {f.variable for f in chooser.FAMILIES if f.variable}
     assert names == SWITCHES
     assert names <= set(envs.registry())
+
+
+def test_a_customop_that_falls_back_is_warned_about_once_at_its_first_call(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The route warns when the layer first runs vLLM's own code; the chooser, which
+    made the choice when the layer was built, does not warn about the same cause."""
+    serve_platform(monkeypatch, KunlunPlatform)
+    monkeypatch.setitem(sys.modules, "kunlun_ops", None)
+    caplog.set_level(logging.WARNING, logger="vllm")
+    # An op label no other test uses: the warnings are logged once per process.
+    route = routes.Route("chooser_probe", ["silu_and_mul"])
+    assert not route.ready and "kunlun_ops is not importable" in route.reason
+    assert not [r for r in caplog.records if "not the vendor kernels" in r.getMessage()]
+    assert route.run(lambda k, x: 0, abs, -3) == 3
+    warned = [r.getMessage() for r in caplog.records]
+    assert any("falls back to vLLM's native torch path" in m for m in warned), warned
