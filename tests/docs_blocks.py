@@ -32,6 +32,24 @@ def _logical_lines(text: str) -> list[str]:
     return text.replace("\\\n", " ").splitlines()
 
 
+def documented_serve_lines(docs: list[Path] = DOCS) -> list[Command]:
+    """Every ``vllm serve ...`` line in a ``bash`` block: ``argv`` after ``vllm``."""
+    found = []
+    for doc in docs:
+        for lang, text in code_blocks(doc):
+            if lang != "bash":
+                continue
+            for raw in _logical_lines(text):
+                if "vllm serve" not in raw:
+                    continue
+                words = shlex.split(raw.strip(), comments=True)
+                while words and _ENV_ASSIGNMENT.match(words[0]):
+                    words.pop(0)
+                if words[:2] and Path(words[0]).name == "vllm" and words[1] == "serve":
+                    found.append(Command(doc, raw.strip(), words[1:]))
+    return found
+
+
 def documented_commands(docs: list[Path] = DOCS) -> list[Command]:
     """Every ``vllm-kunlun ...`` command line in a ``bash`` block (or after ``$ `` in a
     plain block): leading ``VAR=value`` assignments, a ``.venv/bin/`` prefix and a

@@ -19,12 +19,13 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO, child_env
+from tests.conftest import REPO, child_env, run_python
 from tests.docs_blocks import (
     DOCS,
     README_DOCTOR_MARKER,
     block_after,
     documented_commands,
+    documented_serve_lines,
     readme_doctor_rows,
 )
 from vllm_kunlun.cli import build_parser
@@ -69,6 +70,37 @@ def test_every_documented_command_parses() -> None:
             parser.parse_args(_placeholders(cmd.argv))
         except SystemExit:
             bad.append(f"{cmd.doc.name}: {cmd.line}")
+    assert bad == []
+
+
+def test_every_documented_vllm_serve_line_parses_with_vllms_own_parser() -> None:
+    """docs/deploy.md's and README's ``vllm serve`` lines, through vLLM 0.15.1's own
+    ``serve`` argument parser (in a child: building it loads the general plugins,
+    whose device guard needs a platform, here host emulation)."""
+    lines = [(c.doc.name, c.argv) for c in documented_serve_lines()]
+    assert any(doc == "deploy.md" for doc, _ in lines)
+    proc = run_python(
+        f"""
+        import json
+        from vllm.entrypoints.cli.serve import ServeSubcommand
+        from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+        parser = FlexibleArgumentParser()
+        ServeSubcommand().subparser_init(parser.add_subparsers(dest="cmd"))
+        bad = []
+        for doc, argv in json.loads({json.dumps(json.dumps(lines))}):
+            try:
+                parser.parse_args([w.replace("<dir>", "d") for w in argv])
+            except SystemExit:
+                bad.append((doc, " ".join(argv)))
+        print("BAD", json.dumps(bad))
+        """,
+        env={"VLLM_KUNLUN_HOST_EMULATION": "1"},
+        fakes=False,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    bad = json.loads(proc.stdout.split("BAD ", 1)[1])
     assert bad == []
 
 
