@@ -4,8 +4,11 @@ compressed-tensors W8A8-INT8 (dynamic), the vision tower, the MTP head and lm_he
 left in float, as ``vllm-kunlun tiny-model --arch qwen3_5 --layout composite --quant
 w8a8`` writes it.
 
-One engine (multiprocessing: the int8 kernel must be found in the spawned engine core
-too). Reference (``w8a8_reference.post_float64``): transformers' own Qwen3.5 text model
+Two engines (multiprocessing: the int8 kernel must be found in the spawned engine core
+too): the tiny composite at TP 1, and the narrow heads of the geometry matrix
+(hybrid_geometry.py: 1 KV head, GDN 2 key heads of 24 and 6 value heads of 16) at TP 2,
+whose int8 projections and scales are sharded across two ranks and whose page is 32
+tokens (48 at TP 1). Reference (``w8a8_reference.post_float64``): transformers' own Qwen3.5 text model
 in float64 on the checkpoint's int8 weights x scales, with vLLM's per-token activation
 quantization (``absmax / 127``) in front of every quantized linear; greedy and
 teacher-forced logprobs over the same prompts (chunked prefill, prefix-cache hits, a
@@ -23,9 +26,14 @@ from typing import Any
 import pytest
 from safetensors import safe_open
 
+from tests.integration import hybrid_geometry as geo
 from tests.integration.test_e2e_emulation import GREEDY_PROMPTS, PREFIX, req, run_spec
 from tests.integration.test_e2e_hybrid import LLM_ARGS, _words
-from tests.integration.test_e2e_w8a8 import SAME_QUANT_FLIP, SAME_QUANT_TYPICAL
+from tests.integration.w8a8_reference import (
+    Row,
+    assert_greedy_matches,
+    assert_logprobs_match,
+)
 from vllm_kunlun.demo.tiny_quant import write_tiny_w8a8
 from vllm_kunlun.demo.tiny_qwen3_5 import TinyQwen3_5Spec
 
@@ -52,28 +60,42 @@ BURST = {
 }
 
 
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
-    out = tmp_path_factory.mktemp("e2e-w8a8-hybrid") / "tiny-qwen3_5-w8a8"
-    return str(write_tiny_w8a8(out, TinyQwen3_5Spec(layout="composite")))
+# (checkpoint spec, engine arguments) per configuration.
+CONFIGS = {
+    "tiny_tp1": (TinyQwen3_5Spec(layout="composite"), LLM_ARGS),
+    # Four pages a step: room for the burst's three prefills in one step.
+    "narrow_tp2": (
+        geo.GEOMETRIES["narrow"],
+        {**geo.llm_args("narrow", 2), "max_num_batched_tokens": 128},
+    ),
+}
+
+
+@pytest.fixture(scope="module", params=sorted(CONFIGS))
+def config(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
 
 
 @pytest.fixture(scope="module")
-def run(model_dir: str) -> dict[str, Any]:
+def model_dir(tmp_path_factory: pytest.TempPathFactory, config: str) -> str:
+    out = tmp_path_factory.mktemp(f"e2e-w8a8-{config}") / "model"
+    return str(write_tiny_w8a8(out, CONFIGS[config][0]))
+
+
+@pytest.fixture(scope="module")
+def run(model_dir: str, config: str) -> dict[str, Any]:
     spec = {
         "backend": "vllm",
         "model": model_dir,
-        "llm": LLM_ARGS,
+        "llm": CONFIGS[config][1],
         "guard_exponential": False,  # multiprocessing engine
         "jobs": [WARM, JOB, BURST],
         "post": "w8a8_reference:post_float64",
     }
-    return run_spec(spec, Path(model_dir).parent, "w8a8-hybrid", timeout=600)
+    return run_spec(spec, Path(model_dir).parent, config, timeout=900)
 
 
-def _rows(
-    run: dict[str, Any], job: str = "greedy"
-) -> list[tuple[dict, list[int], dict]]:
+def _rows(run: dict[str, Any], job: str = "greedy") -> list[Row]:
     post = run["post"]
     return list(
         zip(
@@ -103,12 +125,16 @@ def test_the_checkpoint_is_the_logs_format(model_dir: str) -> None:
     assert any(n.startswith("model.visual.") for n in dtypes)
 
 
-def test_the_plugins_int8_kernel_served_the_text_linears(run: dict) -> None:
-    (info,) = run["serving"]
-    assert info["linear_kernels"] == [
-        "vllm_kunlun.quantization.int8_kernel.KunlunInt8ScaledMMLinearKernel"
-    ]
-    assert info["int8_kernels"].startswith("portable (")
+def test_the_plugins_int8_kernel_served_the_text_linears(
+    run: dict, config: str
+) -> None:
+    ranks = run["serving"]
+    assert len(ranks) == CONFIGS[config][1].get("tensor_parallel_size", 1)
+    for info in ranks:
+        assert info["linear_kernels"] == [
+            "vllm_kunlun.quantization.int8_kernel.KunlunInt8ScaledMMLinearKernel"
+        ]
+        assert info["int8_kernels"].startswith("portable (")
 
 
 def test_the_reference_is_not_degenerate(run: dict) -> None:
@@ -117,29 +143,11 @@ def test_the_reference_is_not_degenerate(run: dict) -> None:
 
 
 def test_greedy_equals_the_float64_same_quantization_reference(run: dict) -> None:
-    """Token for token, up to near-ties (as in test_e2e_w8a8.py)."""
-    exact = 0
-    for got, want, ref in _rows(run):
-        tokens = got["token_ids"]
-        if tokens == want:
-            exact += 1
-            continue
-        step = next(
-            i for i, (a, b) in enumerate(zip(tokens, want, strict=True)) if a != b
-        )
-        assert ref["margin"][step] < SAME_QUANT_FLIP, (step, tokens, want)
-    assert exact >= len(GREEDY_PROMPTS) - 1
+    assert_greedy_matches(_rows(run))
 
 
 def test_logprobs_match_the_same_quantization_reference(run: dict) -> None:
-    diffs = [
-        abs(a - b)
-        for got, _, ref in _rows(run)
-        for a, b in zip(got["logprobs"], ref["logprobs"], strict=True)
-    ]
-    assert max(diffs) < SAME_QUANT_FLIP
-    typical = sorted(diffs)[len(diffs) * 3 // 4]
-    assert typical < SAME_QUANT_TYPICAL, typical
+    assert_logprobs_match(_rows(run))
 
 
 def test_a_shared_prefix_burst_equals_the_reference(run: dict) -> None:
@@ -147,9 +155,5 @@ def test_a_shared_prefix_burst_equals_the_reference(run: dict) -> None:
     hits the second's prefix pages in the same step, before their GDN state exists, and
     is wrong from its first token (logprob gaps up to 3.3 nats)."""
     rows = _rows(run, "shared_prefix_burst")
-    for got, want, ref in rows:
-        assert got["token_ids"] == want
-        gaps = [
-            abs(a - b) for a, b in zip(got["logprobs"], ref["logprobs"], strict=True)
-        ]
-        assert max(gaps) < SAME_QUANT_FLIP, gaps
+    assert_greedy_matches(rows, misses=0)
+    assert_logprobs_match(rows)
