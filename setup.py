@@ -118,6 +118,9 @@ setup(
     # installed by scripts/setup.sh: vllm must go in with --no-deps, which package
     # metadata cannot express.
     install_requires=[],
+    # Only the benchmarks' --plot draws (benchmarks/plots.py); the plugin never
+    # imports it. requirements/dev.lock pins it for the tests.
+    extras_require={"bench": ["matplotlib>=3.8"]},
     ext_modules=ext_modules,
     cmdclass=cmdclass,
     entry_points={

@@ -26,6 +26,7 @@ and the ratio of each engine's output tok/s to the baseline's (native / eager).
     python benchmarks/decode.py                          # 256 x 64 tokens, emulation
     python benchmarks/decode.py --num-seqs 64 --output-len 32 --repeats 2
     python benchmarks/decode.py --device cuda --json out.json
+    python benchmarks/decode.py --plot decode.png        # and a picture (matplotlib)
 
 Host emulation numbers measure the plugin's code paths on a CPU, not a Kunlun card.
 """
@@ -42,6 +43,7 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
@@ -335,6 +337,39 @@ def table(rows: list[dict[str, Any]], baseline: str) -> str:
     return "\n".join(lines)
 
 
+def plot(rows: list[dict[str, Any]], path: Path) -> Path:
+    """Output tok/s and decode ms/step per engine (ours / native, or graphs / eager
+    on CUDA), the numbers ``table`` prints."""
+    plots = load_plots()
+    first, base = rows[0], rows[-1]
+    title = (
+        f"decode: {first['num_seqs']} sequences, prompt/output "
+        f"{first['prompt_len']}/{first['output_len']}, median of "
+        f"{len(first['t_runs_s'])}"
+        + "".join(
+            f"; {r['engine']} = {r['output_tok_s'] / base['output_tok_s']:.2f}x "
+            f"{base['engine']}"
+            for r in rows[:-1]
+        )
+    )
+    tok_s, step_ms = "output tok/s", "decode ms/step"
+    table = plots.Table(
+        title=title,
+        columns=["engine", tok_s, step_ms],
+        rows=[[r["engine"], r["output_tok_s"], r["decode_ms_per_step"]] for r in rows],
+    )
+    panels = [plots.Panel([tok_s], tok_s), plots.Panel([step_ms], step_ms)]
+    return Path(plots.draw(path, table, panels))
+
+
+def load_plots() -> ModuleType:
+    """benchmarks/plots.py, loaded only for --plot: it needs matplotlib, an extra."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import plots
+
+    return plots
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--num-seqs", type=int, default=256)
@@ -353,6 +388,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="comma-separated subset: ours, native (cpu); graphs, eager (cuda)",
     )
     parser.add_argument("--json", type=Path, help="also write the results here")
+    parser.add_argument(
+        "--plot",
+        type=Path,
+        help="also draw output tok/s and decode ms/step per engine into this PNG; "
+        "needs matplotlib (pip install 'vllm-kunlun[bench]')",
+    )
     args = parser.parse_args(argv)
     valid = [e.name for e in engines(args)]
     unknown = [n for n in _names(args.engines) if n not in valid]
@@ -361,6 +402,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             f"unknown engine(s) {', '.join(map(repr, unknown))} for --device "
             f"{args.device}; valid engines: {', '.join(map(repr, valid))}"
         )
+    if args.plot and (error := load_plots().problem(args.plot)):
+        parser.error(error)
     return args
 
 
@@ -405,8 +448,19 @@ def main(argv: list[str] | None = None) -> int:
         )
     if args.json:
         args.json.write_text(
-            json.dumps({"args": {**vars(args), "json": str(args.json)}, "rows": rows})
+            json.dumps(
+                {
+                    "args": {
+                        **vars(args),
+                        "json": str(args.json),
+                        "plot": str(args.plot or ""),
+                    },
+                    "rows": rows,
+                }
+            )
         )
+    if args.plot:
+        plot(rows, args.plot)
     return 0
 
 

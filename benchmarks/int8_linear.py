@@ -14,6 +14,7 @@ weight memory int8 saves per decoder layer and for the whole model.
 
     python benchmarks/int8_linear.py                        # CPU, float32 activations
     python benchmarks/int8_linear.py --dtype bfloat16 --tokens 1,64 --json out.json
+    python benchmarks/int8_linear.py --plot int8.png        # and a picture (matplotlib)
 
 Calls alternate between the two, so a change in machine load affects both. On CUDA every
 call is synchronised before and after. On Kunlun the vendor kernels serve W8A8 layers;
@@ -29,6 +30,7 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import torch
@@ -67,6 +69,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--json", type=Path, help="also write the results here")
+    parser.add_argument(
+        "--plot",
+        type=Path,
+        help="also draw ms per layer and token count (ours, float) into this PNG; "
+        "needs matplotlib (pip install 'vllm-kunlun[bench]')",
+    )
     args = parser.parse_args(argv)
     unknown = [s for s in _names(args.shapes) if s not in SHAPES]
     if unknown:
@@ -77,7 +85,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         parser.error(
             f"--tokens {args.tokens!r}: expected positive integers separated by commas"
         )
+    if args.plot and (error := load_plots().problem(args.plot)):
+        parser.error(error)
     return args
+
+
+def load_plots() -> ModuleType:
+    """benchmarks/plots.py, loaded only for --plot: it needs matplotlib, an extra."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import plots
+
+    return plots
 
 
 def _names(spec: str) -> list[str]:
@@ -235,12 +253,35 @@ def markdown(report: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def plot(report: dict[str, Any], path: Path) -> Path:
+    """ms per layer and token count, ours against float (log scale: the token counts
+    span 256x), the numbers ``markdown`` prints."""
+    plots = load_plots()
+    ours, flt = "ours ms", "float ms"
+    table = plots.Table(
+        title=(
+            f"int8 linear (per card, TP 8), {report['device']}, {report['dtype']} "
+            f"activations, {report['threads']} threads, median of {report['iters']}"
+        ),
+        columns=["layer x tokens", ours, flt],
+        rows=[
+            [f"{r['shape']} x {r['tokens']}", r["ours_ms"], r["float_ms"]]
+            for r in report["rows"]
+        ],
+    )
+    labels = {ours: "ours (int8)", flt: "float matmul"}
+    panel = plots.Panel([ours, flt], "ms per call (log)", log=True, labels=labels)
+    return Path(plots.draw(path, table, [panel]))
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     report = run(args)
     print(markdown(report))
     if args.json:
         args.json.write_text(json.dumps(report, indent=2))
+    if args.plot:
+        plot(report, args.plot)
     return 0
 
 

@@ -20,6 +20,7 @@ JSON adds the effective bandwidth (batch x vocab x 4 bytes / time).
     python benchmarks/sampler.py --device cuda --iters 20 --json out.json
     python benchmarks/sampler.py --modes "top-p 0.9,all rows seeded"
     python benchmarks/sampler.py --threads 1           # steadier on a shared machine
+    python benchmarks/sampler.py --plot sampler.png    # and a picture (matplotlib)
 
 Each timed call gets a fresh copy of the logits (both samplers may work in place); the
 copy is not timed. Calls alternate (read, ours, native, read, ...), so a change in
@@ -37,6 +38,7 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import torch
@@ -73,13 +75,29 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help=f"comma-separated subset of mode names (default all): {names}",
     )
     parser.add_argument("--json", type=Path, help="also write the results here")
+    parser.add_argument(
+        "--plot",
+        type=Path,
+        help="also draw ms per mode (ours, vLLM native, one read) into this PNG; "
+        "needs matplotlib (pip install 'vllm-kunlun[bench]')",
+    )
     args = parser.parse_args(argv)
     unknown = sorted(set(selected_modes(args.modes)) - {m[0] for m in MODES})
     if unknown:
         parser.error(
             f"unknown mode(s) {', '.join(map(repr, unknown))}; valid modes: {names}"
         )
+    if args.plot and (error := load_plots().problem(args.plot)):
+        parser.error(error)
     return args
+
+
+def load_plots() -> ModuleType:
+    """benchmarks/plots.py, loaded only for --plot: it needs matplotlib, an extra."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import plots
+
+    return plots
 
 
 def selected_modes(spec: str) -> list[str]:
@@ -238,6 +256,32 @@ def markdown(report: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def plot(report: dict[str, Any], path: Path) -> Path:
+    """ms per mode, ours / vLLM native / one read as grouped bars (log scale: native
+    is 20-300x ours), from the report ``markdown`` prints."""
+    plots = load_plots()
+    ours, native, read = "ours ms/step", "vLLM native ms/step", "one read ms"
+    table = plots.Table(
+        title=(
+            f"sampler: batch {report['batch']} x vocab {report['vocab']}, "
+            f"{report['device_name']}, {report['threads']} thread(s), median of "
+            f"{report['iters']}; ours = {report['ours_kernels'].split(' (')[0]}"
+        ),
+        columns=["mode", ours, native, read],
+        rows=[
+            [r["mode"], r["ours_ms"], r["native_ms"], r["read_ms"]]
+            for r in report["results"]
+        ],
+    )
+    panel = plots.Panel(
+        [ours, native, read],
+        "ms per step (log)",
+        log=True,
+        labels={ours: "ours", native: "vLLM native", read: "one read"},
+    )
+    return Path(plots.draw(path, table, [panel]))
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     # Keep stdout to the table: vLLM logs INFO lines to stdout by default.
@@ -246,6 +290,8 @@ def main(argv: list[str] | None = None) -> int:
     print(markdown(report))
     if args.json:
         args.json.write_text(json.dumps(report, indent=2) + "\n")
+    if args.plot:
+        plot(report, args.plot)
     return 0
 
 

@@ -21,6 +21,7 @@ Profiles:
     python benchmarks/serve.py --profile emulation-tiny
     python benchmarks/serve.py --profile kunlun --model /models/Qwen3-8B \\
         --tensor-parallel-size 8 --concurrency 1,16,64,256
+    python benchmarks/serve.py --plot serve.png    # and a picture (matplotlib)
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
@@ -168,6 +170,43 @@ def table(rows: list[dict[str, Any]]) -> str:
     return "\n".join([TABLE_HEADER, *(table_row(r, base) for r in rows)])
 
 
+def plot(result: dict[str, Any], path: Path) -> Path:
+    """Output tok/s and the TTFT / TPOT medians against concurrency, the numbers
+    ``table`` prints (p99s stay in the table: one run's tail is noise)."""
+    plots = load_plots()
+    p = result["profile"]
+    out, ttft, tpot = "output tok/s", "TTFT median ms", "TPOT median ms"
+    table = plots.Table(
+        title=(
+            f"vllm bench serve, {p['name']}: {p['input_len']}/{p['output_len']} "
+            f"tokens, TP {result['tensor_parallel_size']}, {result['date']}"
+        ),
+        columns=["concurrency", out, ttft, tpot],
+        rows=[
+            [
+                r["concurrency"],
+                r["output_throughput"],
+                r["median_ttft_ms"],
+                r["median_tpot_ms"],
+            ]
+            for r in result["rows"]
+        ],
+    )
+    panels = [
+        plots.Panel([out], out),
+        plots.Panel([ttft, tpot], "median ms (log)", log=True),
+    ]
+    return Path(plots.draw(path, table, panels, kind="lines"))
+
+
+def load_plots() -> ModuleType:
+    """benchmarks/plots.py, loaded only for --plot: it needs matplotlib, an extra
+    (benchmarks/ is on sys.path already, for the sibling ``throughput``)."""
+    import plots
+
+    return plots
+
+
 def resolve_model(profile: Profile, model: str | None) -> str:
     if profile.tiny_model:
         from vllm_kunlun.demo.tiny_model import default_cache_dir, ensure_tiny_model
@@ -256,7 +295,15 @@ def main(argv: list[str] | None = None) -> int:
         help="comma-separated concurrency levels, one bench run each",
     )
     parser.add_argument("--out-dir", type=Path, default=REPO / "benchmarks" / "results")
+    parser.add_argument(
+        "--plot",
+        type=Path,
+        help="also draw output tok/s and TTFT / TPOT medians against concurrency "
+        "into this PNG; needs matplotlib (pip install 'vllm-kunlun[bench]')",
+    )
     args = parser.parse_args(argv)
+    if args.plot and (error := load_plots().problem(args.plot)):
+        parser.error(error)
     raw = [c.strip() for c in args.concurrency.split(",") if c.strip()]
     if not raw or not all(c.isdigit() and int(c) > 0 for c in raw):
         parser.error(
@@ -277,6 +324,8 @@ def main(argv: list[str] | None = None) -> int:
         f"server stopped by SIGINT in {stop['seconds']} s, exit {stop['returncode']}, "
         f"leftover processes: {', '.join(stop['leftover']) or 'none'}"
     )
+    if args.plot:
+        plot(result, args.plot)
     return 0 if not stop["leftover"] else 1
 
 

@@ -20,6 +20,7 @@ Results: one JSON file per run and a markdown table row, in ``--out-dir``.
 
     python benchmarks/throughput.py --profile emulation-tiny
     python benchmarks/throughput.py --profile kunlun-short --model /models/Qwen3-8B
+    python benchmarks/throughput.py --profile emulation-tiny --plot throughput.png
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
@@ -208,12 +210,45 @@ def run(profile: Profile, model: str | None, out_dir: Path) -> dict[str, Any]:
     return result
 
 
+def plot(result: dict[str, Any], path: Path) -> Path:
+    """The run's output and total tok/s as bars, the numbers ``markdown_row`` prints
+    (the history of runs stays in --out-dir's throughput.md)."""
+    plots = load_plots()
+    p = result["profile"]
+    out, total = "output tok/s", "total tok/s"
+    table = plots.Table(
+        title=(
+            f"vllm bench throughput, {p['input_len']}/{p['output_len']} @ "
+            f"{p['max_num_seqs']}, {result['date']}: {result['platform']}"
+        ),
+        columns=["profile", out, total],
+        rows=[[p["name"], result["output_tokens_per_s"], result["total_tokens_per_s"]]],
+    )
+    return Path(plots.draw(path, table, [plots.Panel([out, total], "tokens/s")]))
+
+
+def load_plots() -> ModuleType:
+    """benchmarks/plots.py, loaded only for --plot: it needs matplotlib, an extra."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import plots
+
+    return plots
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--profile", choices=sorted(PROFILES), required=True)
     parser.add_argument("--model", help="model directory (tiny model: default cache)")
     parser.add_argument("--out-dir", type=Path, default=REPO / "benchmarks" / "results")
+    parser.add_argument(
+        "--plot",
+        type=Path,
+        help="also draw the run's output and total tok/s into this PNG; needs "
+        "matplotlib (pip install 'vllm-kunlun[bench]')",
+    )
     args = parser.parse_args(argv)
+    if args.plot and (error := load_plots().problem(args.plot)):
+        parser.error(error)
     result = run(PROFILES[args.profile], args.model, args.out_dir)
     print(MARKDOWN_HEADER)
     print(markdown_row(result))
@@ -221,6 +256,8 @@ def main(argv: list[str] | None = None) -> int:
         f"served by: {result['platform']}; {result['attention']}; "
         f"sampling kernels: {result['sampling_kernels']}"
     )
+    if args.plot:
+        plot(result, args.plot)
     return 0
 
 
