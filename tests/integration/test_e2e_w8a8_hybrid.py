@@ -20,20 +20,31 @@ can move a logprob.
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
 import pytest
 from safetensors import safe_open
 
+from tests.docs_blocks import readme_demo_values
 from tests.integration import hybrid_geometry as geo
-from tests.integration.test_e2e_emulation import GREEDY_PROMPTS, PREFIX, req, run_spec
+from tests.integration.test_e2e_emulation import (
+    DEMO_TOKENS,
+    GREEDY_PROMPTS,
+    PREFIX,
+    req,
+    run_demo_cli,
+    run_spec,
+)
 from tests.integration.test_e2e_hybrid import LLM_ARGS, _words
 from tests.integration.w8a8_reference import (
     Row,
     assert_greedy_matches,
     assert_logprobs_match,
 )
+from vllm_kunlun.demo.run import DEFAULT_PROMPTS
+from vllm_kunlun.demo.tiny_model import checksum
 from vllm_kunlun.demo.tiny_quant import write_tiny_w8a8
 from vllm_kunlun.demo.tiny_qwen3_5 import TinyQwen3_5Spec
 
@@ -58,6 +69,10 @@ BURST = {
         for p in ("kunlun engine", FRESH + " red green blue", FRESH + " one two three")
     ],
 }
+
+# `vllm-kunlun demo`'s prompts at the demo's length: the default demo serves the tiny
+# composite W8A8, this module's tiny_tp1 checkpoint.
+DEMO = {"name": "demo", "requests": [req(p, DEMO_TOKENS) for p in DEFAULT_PROMPTS]}
 
 
 # (checkpoint spec, engine arguments) per configuration.
@@ -89,7 +104,7 @@ def run(model_dir: str, config: str) -> dict[str, Any]:
         "model": model_dir,
         "llm": CONFIGS[config][1],
         "guard_exponential": False,  # multiprocessing engine
-        "jobs": [WARM, JOB, BURST],
+        "jobs": [WARM, JOB, BURST, *([DEMO] if config == "tiny_tp1" else [])],
         "post": "w8a8_reference:post_float64",
     }
     return run_spec(spec, Path(model_dir).parent, config, timeout=900)
@@ -157,3 +172,74 @@ def test_a_shared_prefix_burst_equals_the_reference(run: dict) -> None:
     rows = _rows(run, "shared_prefix_burst")
     assert_greedy_matches(rows, misses=0)
     assert_logprobs_match(rows)
+
+
+@pytest.fixture(scope="module")
+def default_demo(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> tuple[dict, Any]:
+    """``vllm-kunlun demo`` with no model argument, on a plain CPU host (no fakes, no
+    VLLM_KUNLUN_* variables), in text mode: the report as a user sees it."""
+    work = tmp_path_factory.mktemp("default-demo")
+    return run_demo_cli(work, {}, fakes=False)
+
+
+def test_the_default_demo_serves_the_logs_model_in_miniature(
+    default_demo: tuple[dict, Any], run: dict, config: str, model_dir: str
+) -> None:
+    """The demo's default model is this module's tiny composite W8A8 (same bytes),
+    every kind of layer is reported with the kernel that served it, and its greedy
+    tokens are the same-quantization reference's."""
+    if config != "tiny_tp1":
+        pytest.skip("the default demo serves the tiny composite at TP 1")
+    report, proc = default_demo
+    assert checksum(report["model"]) == checksum(model_dir)
+    assert report["model_kind"].startswith("the deployment log's model in miniature")
+    assert report["engine_mode"] == "multiprocessing"
+    (info,) = report["serving"]
+    assert info["pid"] != report["demo_pid"]
+    assert info["platform"].endswith("KunlunHostEmulationPlatform")
+    assert info["attention_impls"] == [
+        "vllm_kunlun.attention.backend.PortableAttentionImpl"
+    ]
+    served = {(c["op"], c["path"]) for c in info["gdn_kernels"]}
+    assert {op for op, _ in served} == {
+        "fused_gdn_gating",
+        "causal_conv1d_fn",
+        "causal_conv1d_update",
+        "chunk_gated_delta_rule",
+        "fused_recurrent_gated_delta_rule",
+    }
+    assert {path for _, path in served} == {"portable"}  # emulation, no Triton
+    assert info["int8_kernels"].startswith("portable (")
+    assert info["topk_topp_forward"].startswith("vllm_kunlun.")
+    post = run["post"]
+    rows = list(
+        zip(
+            report["generations"],
+            post["float64_greedy"]["demo"],
+            post["float64"]["demo"],
+            strict=True,
+        )
+    )
+    for g, engine_row in zip(report["generations"], run["jobs"]["demo"], strict=True):
+        assert g["prompt_token_ids"] == engine_row["prompt_token_ids"]
+    assert_greedy_matches(rows)
+    # The text report names each layer kind on its own line.
+    for label in ("attention", "GDN kernels", "int8 kernels", "sampler"):
+        assert re.search(rf"^{label} +: \S", proc.stdout, re.M), label
+
+    # README's pasted demo output holds today's values: what served, and the greedy
+    # continuations (README's run decoded more tokens: today's are their start).
+    values, generations = readme_demo_values()
+    isa = re.compile(r"\((\w+) kernels\)")
+    assert values["platform"].startswith(info["platform"])
+    assert values["attention"] == ", ".join(info["attention_backends"])
+    assert values["sampler"] == info["topk_topp_forward"]
+    assert values["int8 kernels"] == info["int8_kernels"]
+    assert isa.sub("(<isa>)", values["sampling kernels"]) == isa.sub(
+        "(<isa>)", info["sampling_kernels"]
+    )
+    assert list(generations) == list(DEFAULT_PROMPTS)
+    for g in report["generations"]:
+        assert generations[g["prompt"]].startswith(g["text"].strip()), g

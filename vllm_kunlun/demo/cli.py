@@ -21,12 +21,18 @@ def add_parser(sub: Any) -> None:
     p = sub.add_parser(
         "demo",
         help="start vLLM's engine through the plugin and generate (tiny local model)",
-        description="Builds the tiny Qwen3 model into the cache directory (no "
+        description="Builds the tiny model (default: the deployment log's W8A8 "
+        "Qwen3.5 composite in miniature) into the cache directory (no "
         "download), starts vLLM's engine through the plugin (KunlunPlatform on a "
         "Kunlun host, host emulation elsewhere), generates, and reports tokens/s and "
         "what served the requests.",
     )
-    p.add_argument("--model", help="a local model directory instead of the tiny model")
+    p.add_argument(
+        "--model",
+        help="qwen3_5 (default): the deployment log's model in miniature, a tiny "
+        "Qwen3.5 composite, hybrid, W8A8-INT8; qwen3: a tiny dense Qwen3; anything "
+        "else: a local model directory (./qwen3 for a directory of that name)",
+    )
     p.add_argument("--prompt", action="append", help="a prompt (repeatable)")
     p.add_argument("--max-tokens", type=int_range(1, 1 << 20), default=32)
     p.add_argument("--temperature", type=non_negative_float(1e4), default=0.0)
@@ -145,30 +151,45 @@ def _tiny_model_refused(why: str) -> int:
     return 2
 
 
+def gdn_lines(served: list[dict[str, str]]) -> list[str]:
+    """One line per kernel path and device: the ops it served, then why."""
+    groups: dict[tuple[str, str, str], list[str]] = {}
+    for c in served:
+        groups.setdefault((c["path"], c["device"], c["reason"]), []).append(c["op"])
+    return [
+        f"{path} on {device}: {', '.join(ops)} ({why})"
+        for (path, device, why), ops in groups.items()
+    ]
+
+
 def _print_report(report: Any) -> None:
     mode = "HOST EMULATION" if report.emulation else "Kunlun"
     print(f"platform choice : {mode}: {report.platform_choice}")
     print(f"model           : {report.model}")
+    print(f"                  ({report.model_kind})")
     print(
         f"engine          : {report.engine_mode}, started in "
         f"{report.engine_start_s:.2f} s (import vllm {report.import_s:.1f} s)"
     )
     for info in report.serving:
+        # What served each kind of layer, in the order a token meets them.
         print(f"platform        : {info.get('platform')} ({info.get('device_name')})")
         print(f"attention       : {', '.join(info.get('attention_backends') or [])}")
-        print(f"sampler         : {info.get('topk_topp_forward')}")
-        if info.get("sampling_kernels"):
-            print(f"sampling kernels: {info['sampling_kernels']}")
+        for line in gdn_lines(info.get("gdn_kernels") or []):
+            print(f"GDN kernels     : {line}")
+        if info.get("linear_kernels"):
+            print(f"linear kernels  : {', '.join(info['linear_kernels'])}")
+        if info.get("int8_kernels"):
+            print(f"int8 kernels    : {info['int8_kernels']}")
         for op, st in sorted((info.get("vendor_kernels") or {}).items()):
             served = f"{st['vendor_calls']} vendor calls ({', '.join(st['kernels'])})"
             if st["native_calls"]:
                 served += f", {st['native_calls']} native: "
                 served += "; ".join(st["native_reasons"])
             print(f"kernels         : {op} x{st['modules']} modules: {served}")
-        if info.get("linear_kernels"):
-            print(f"linear kernels  : {', '.join(info['linear_kernels'])}")
-        if info.get("int8_kernels"):
-            print(f"int8 kernels    : {info['int8_kernels']}")
+        print(f"sampler         : {info.get('topk_topp_forward')}")
+        if info.get("sampling_kernels"):
+            print(f"sampling kernels: {info['sampling_kernels']}")
     print()
     for g in report.generations:
         print(f"> {g.prompt}")

@@ -4,7 +4,10 @@ Why: one command has to prove the whole path on a fresh machine (engine start, w
 model runner, attention, the plugin's sampler in the decode loop) and say what served
 it. On a Kunlun host that is KunlunPlatform; elsewhere the demo switches this process
 (and the engine processes it starts) to host emulation and says so. The default model
-is the tiny Qwen3 built locally, so nothing is downloaded.
+is the deployment log's model in miniature (a Qwen3.5 vision-language composite, hybrid,
+W8A8-INT8 text linears), the model the plugin exists for; ``qwen3`` is a dense tiny
+model vLLM could serve without the plugin. Both are built locally: nothing is
+downloaded.
 
 The engine is started inside ``run_demo`` (an importable function), never at import
 time: vLLM's engine processes are spawned and re-import the caller's main module.
@@ -15,6 +18,7 @@ from __future__ import annotations
 import os
 import time
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
 from vllm_kunlun.hardware import EMULATION_ENV
@@ -28,6 +32,31 @@ DEFAULT_PROMPTS = (
 )
 
 
+# The tiny models ``--model`` names (anything else is a model directory).
+TINY_MODELS = {
+    "qwen3_5": "the deployment log's model in miniature: tiny Qwen3.5 composite "
+    "(Qwen3_5ForConditionalGeneration), hybrid (Gated DeltaNet + gated attention), "
+    "W8A8-INT8 text linears, vision tower, MTP head and lm_head float",
+    "qwen3": "tiny Qwen3 (dense, float32)",
+}
+DEFAULT_MODEL = "qwen3_5"
+
+
+def tiny_model_dir(name: str) -> Path:
+    """The named tiny model in the cache directory, built there first if missing."""
+    from vllm_kunlun.demo.tiny_model import default_cache_dir, ensure_tiny_model
+
+    if name == "qwen3":
+        return ensure_tiny_model(default_cache_dir())
+    if name == "qwen3_5":
+        from vllm_kunlun.demo.tiny_quant import ensure_tiny_w8a8, w8a8_cache_dir
+        from vllm_kunlun.demo.tiny_qwen3_5 import TinyQwen3_5Spec
+
+        spec = TinyQwen3_5Spec(layout="composite")
+        return ensure_tiny_w8a8(w8a8_cache_dir(spec), spec)
+    raise ValueError(f"no tiny model {name!r}; known: {', '.join(TINY_MODELS)}")
+
+
 @dataclass(frozen=True)
 class PlatformChoice:
     emulation: bool
@@ -38,6 +67,7 @@ class PlatformChoice:
 class Generation:
     prompt: str
     text: str
+    prompt_token_ids: list[int]
     token_ids: list[int]
     num_cached_tokens: int
 
@@ -47,6 +77,7 @@ class DemoReport:
     platform_choice: str
     emulation: bool
     model: str
+    model_kind: str
     engine_mode: str
     import_s: float
     engine_start_s: float
@@ -79,7 +110,9 @@ def run_demo(
     in_process: bool = False,
     max_model_len: int = 512,
 ) -> DemoReport:
-    """Start vLLM's engine through the plugin, generate, and report what served it."""
+    """Start vLLM's engine through the plugin, generate, and report what served it.
+
+    ``model``: a name in ``TINY_MODELS`` (None: ``DEFAULT_MODEL``) or a directory."""
     choice = choose_platform()
     if choice.emulation:
         os.environ[EMULATION_ENV] = "1"  # before vLLM resolves its platform
@@ -87,15 +120,15 @@ def run_demo(
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
 
     from vllm_kunlun.demo.serving_info import SERVING_INFO_METHOD, WORKER_EXTENSION
-    from vllm_kunlun.demo.tiny_model import (
-        default_cache_dir,
-        ensure_tiny_model,
-        is_tiny_checkpoint,
-    )
+    from vllm_kunlun.demo.tiny_model import is_tiny_checkpoint
 
-    # The tiny checkpoints (default, or one `vllm-kunlun tiny-model` wrote) are float32.
-    tiny = model is None or is_tiny_checkpoint(model)
-    model_dir = str(ensure_tiny_model(default_cache_dir()) if model is None else model)
+    model = model or DEFAULT_MODEL
+    if model in TINY_MODELS:
+        model_dir, model_kind = str(tiny_model_dir(model)), TINY_MODELS[model]
+    else:
+        model_dir, model_kind = model, "a model directory"
+    # The tiny checkpoints (named, or one `vllm-kunlun tiny-model` wrote) are float32.
+    tiny = is_tiny_checkpoint(model_dir)
 
     t0 = time.perf_counter()
     from vllm import LLM, SamplingParams
@@ -135,6 +168,7 @@ def run_demo(
         Generation(
             prompt=str(o.prompt),
             text=o.outputs[0].text,
+            prompt_token_ids=list(o.prompt_token_ids or []),
             token_ids=list(o.outputs[0].token_ids),
             num_cached_tokens=int(o.num_cached_tokens or 0),
         )
@@ -145,6 +179,7 @@ def run_demo(
         platform_choice=choice.reason,
         emulation=choice.emulation,
         model=model_dir,
+        model_kind=model_kind,
         engine_mode="in-process" if in_process else "multiprocessing",
         import_s=round(import_s, 3),
         engine_start_s=round(engine_start_s, 3),

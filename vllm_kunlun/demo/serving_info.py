@@ -1,5 +1,5 @@
-"""What actually served the requests: platform, attention backend, sampler, the
-kernels of quantized linear layers.
+"""What actually served the requests: platform, attention backend, Gated DeltaNet
+kernels, sampler, the kernels of quantized linear layers.
 
 Why: the demo, the benchmark and the tests must report what ran, not what should have
 run: a silent fallback (a different attention backend, vLLM's own sampler instead of
@@ -12,6 +12,7 @@ extension (``worker_extension_cls``): ``llm.collective_rpc(SERVING_INFO_METHOD)`
 from __future__ import annotations
 
 import os
+import sys
 from typing import Any
 
 WORKER_EXTENSION = "vllm_kunlun.demo.serving_info.ServingInfo"
@@ -94,8 +95,16 @@ class ServingInfo:
             **_graphs(self.vllm_config.compilation_config),  # type: ignore[attr-defined]
             "linear_kernels": sorted(k for k in linear_kernels if k),
             "int8_kernels": int8,
+            "gdn_kernels": _gdn_kernels(),
             "kv_blocks": _kv_blocks(runner),
         }
+
+
+def _gdn_kernels() -> list[dict[str, str]]:
+    """What each Gated DeltaNet op ran on; empty when no GDN layer ran (the seam is
+    imported by the hybrid models' layer patches only)."""
+    seam = sys.modules.get("vllm_kunlun.ops.gdn.seam")
+    return seam.served() if seam is not None else []
 
 
 def _kv_blocks(runner: Any) -> list[dict[str, Any]]:

@@ -326,12 +326,17 @@ def is_tiny_model(
     directory: str | os.PathLike[str], spec: TinySpec | None = None
 ) -> bool:
     """True when ``directory`` holds a complete tiny model of this spec and format."""
-    marker = Path(directory) / MARKER
+    return has_marker(directory, (spec or TinyQwen3Spec()).marker())
+
+
+def has_marker(directory: str | os.PathLike[str], marker: dict) -> bool:
+    """True when ``directory``'s marker file (written last: the checkpoint is complete)
+    equals ``marker``."""
     try:
-        found = json.loads(marker.read_text())
+        found = json.loads((Path(directory) / MARKER).read_text())
     except (OSError, ValueError):
         return False
-    return bool(found == (spec or TinyQwen3Spec()).marker())
+    return bool(found == marker)
 
 
 def is_tiny_checkpoint(directory: str | os.PathLike[str]) -> bool:

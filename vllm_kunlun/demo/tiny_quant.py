@@ -150,6 +150,32 @@ def quantize_checkpoint(
     return out
 
 
+def w8a8_marker(spec: TinyQwen3_5Spec | None = None) -> dict:
+    """The marker of a complete W8A8 tiny checkpoint of ``spec`` (None: the Qwen3)."""
+    from vllm_kunlun.demo.tiny_model import TinyQwen3Spec
+
+    return {**(spec or TinyQwen3Spec()).marker(), "quant": "w8a8"}
+
+
+def w8a8_cache_dir(spec: TinyQwen3_5Spec | None = None) -> Path:
+    """The float model's cache directory with ``-w8a8`` appended."""
+    from vllm_kunlun.demo.tiny_model import default_cache_dir
+
+    float_dir = default_cache_dir(spec)
+    return float_dir.with_name(float_dir.name + "-w8a8")
+
+
+def ensure_tiny_w8a8(
+    directory: str | os.PathLike[str], spec: TinyQwen3_5Spec | None = None
+) -> Path:
+    """Build the W8A8 checkpoint into ``directory`` unless a complete one is there."""
+    from vllm_kunlun.demo.tiny_model import has_marker
+
+    if not has_marker(directory, w8a8_marker(spec)):
+        write_tiny_w8a8(directory, spec)
+    return Path(directory)
+
+
 def write_tiny_w8a8(
     directory: str | os.PathLike[str], spec: TinyQwen3_5Spec | None = None
 ) -> Path:
@@ -160,7 +186,6 @@ def write_tiny_w8a8(
     from vllm_kunlun.demo.tiny_model import MARKER, write_atomic, write_tiny_model
 
     out = write_tiny_model(directory, spec)
-    marker = json.loads((out / MARKER).read_text())
     (out / MARKER).unlink()  # complete again only once quantized
     with safe_open(str(out / WEIGHTS_FILE), "pt") as f:
         names = list(f.keys())
@@ -169,8 +194,6 @@ def write_tiny_w8a8(
     else:
         weights = select(names, QWEN3_5_LINEAR_WEIGHTS)
         quantize_checkpoint(out, weights, QWEN3_5_IGNORE)
-    marker["quant"] = "w8a8"
-    write_atomic(
-        out / MARKER, (json.dumps(marker, indent=2, sort_keys=True) + "\n").encode()
-    )
+    marker = json.dumps(w8a8_marker(spec), indent=2, sort_keys=True) + "\n"
+    write_atomic(out / MARKER, marker.encode())
     return out

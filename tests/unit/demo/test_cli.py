@@ -41,6 +41,7 @@ def test_report_names_what_served(capsys: pytest.CaptureFixture) -> None:
         platform_choice="no Kunlun device detected (x)",
         emulation=True,
         model="/cache/tiny",
+        model_kind="a tiny model",
         engine_mode="multiprocessing",
         import_s=9.0,
         engine_start_s=3.25,
@@ -48,7 +49,7 @@ def test_report_names_what_served(capsys: pytest.CaptureFixture) -> None:
         prompt_tokens=8,
         output_tokens=16,
         output_tokens_per_s=32.0,
-        generations=[Generation("one two", " three four", [5, 6], 0)],
+        generations=[Generation("one two", " three four", [1, 2], [5, 6], 0)],
         serving=[
             {
                 "platform": "vllm_kunlun.platforms.emulation.KunlunHostEmulationPlatform",
@@ -56,11 +57,23 @@ def test_report_names_what_served(capsys: pytest.CaptureFixture) -> None:
                 "attention_backends": ["CUSTOM (portable)"],
                 "topk_topp_forward": "vllm_kunlun.sample.X.forward",
                 "sampling_kernels": "portable (the logits are on the CPU)",
+                "gdn_kernels": [
+                    {"op": "chunk", "device": "cpu", "path": "portable", "reason": "r"},
+                    {"op": "conv", "device": "cpu", "path": "portable", "reason": "r"},
+                    {"op": "rec", "device": "xpu", "path": "vendor", "reason": "v"},
+                ],
+                "linear_kernels": ["vllm_kunlun.Int8Kernel"],
+                "int8_kernels": "portable (emulation)",
             }
         ],
     )
     _print_report(report)
     out = capsys.readouterr().out
+    # One line per layer kind; GDN ops grouped by the path and device that served them.
+    assert "GDN kernels     : portable on cpu: chunk, conv (r)\n" in out
+    assert "GDN kernels     : vendor on xpu: rec (v)\n" in out
+    assert "int8 kernels    : portable (emulation)\n" in out
+    assert "(a tiny model)" in out
     assert "HOST EMULATION" in out
     assert "started in 3.25 s" in out
     assert "KunlunHostEmulationPlatform" in out
@@ -76,6 +89,7 @@ def _report() -> DemoReport:
         platform_choice="no Kunlun device detected (x)",
         emulation=True,
         model="/cache/tiny",
+        model_kind="a tiny model",
         engine_mode="in-process",
         import_s=1.0,
         engine_start_s=2.0,
@@ -83,7 +97,7 @@ def _report() -> DemoReport:
         prompt_tokens=2,
         output_tokens=2,
         output_tokens_per_s=4.0,
-        generations=[Generation("one two", " three four", [5, 6], 0)],
+        generations=[Generation("one two", " three four", [1, 2], [5, 6], 0)],
     )
 
 
@@ -138,3 +152,35 @@ def test_verbose_leaves_the_log_where_vllm_puts_it(
     assert run_demo_command(_demo_args(tmp_path, "-v")) == 0
     assert "INFO an engine log line" in capsys.readouterr().out
     assert not (tmp_path / "demo.log").exists()
+
+
+def test_named_tiny_models_are_built_once_into_the_cache(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import json
+
+    from vllm_kunlun.demo.run import DEFAULT_MODEL, TINY_MODELS, tiny_model_dir
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    assert DEFAULT_MODEL == "qwen3_5" and set(TINY_MODELS) == {"qwen3_5", "qwen3"}
+    default = tiny_model_dir("qwen3_5")
+    config = json.loads((default / "config.json").read_text())
+    # The log's model in miniature: the composite, W8A8 with the vision tower in float.
+    assert config["architectures"] == ["Qwen3_5ForConditionalGeneration"]
+    assert config["quantization_config"]["format"] == "int-quantized"
+    assert "re:.*visual.*" in config["quantization_config"]["ignore"]
+    weights = default / "model.safetensors"
+    stamp = weights.stat().st_mtime_ns
+    assert tiny_model_dir("qwen3_5") == default  # complete: not rewritten
+    assert weights.stat().st_mtime_ns == stamp
+    qwen3 = tiny_model_dir("qwen3")
+    assert qwen3 != default
+    assert json.loads((qwen3 / "config.json").read_text())["architectures"] == [
+        "Qwen3ForCausalLM"
+    ]
+    # An interrupted build (no marker) is rebuilt, not served half-written.
+    (default / "vllm-kunlun-tiny.json").unlink()
+    assert tiny_model_dir("qwen3_5") == default
+    assert (default / "vllm-kunlun-tiny.json").is_file()
+    with pytest.raises(ValueError, match="known: qwen3_5, qwen3"):
+        tiny_model_dir("qwen2")

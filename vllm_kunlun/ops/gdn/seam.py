@@ -114,6 +114,15 @@ def choose(op: str, device: torch.device) -> GdnChoice:
     return _CHOICES[key]
 
 
+def served() -> list[dict[str, str]]:
+    """The kernel each GDN op called in this process so far ran on (op, device type,
+    path, reason): the demo's and the tests' report of what served the layers."""
+    return [
+        {"op": op, "device": device, "path": c.name, "reason": c.reason}
+        for (op, device), c in sorted(_CHOICES.items())
+    ]
+
+
 def _device_of(arguments: dict[str, Any]) -> torch.device:
     for value in arguments.values():
         if isinstance(value, torch.Tensor):
