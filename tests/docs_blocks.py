@@ -98,7 +98,7 @@ def readme_demo_values() -> tuple[dict[str, str], dict[str, str]]:
     block = block_after(REPO / "README.md", README_DEMO_MARKER)
     values = {
         m.group(1): m.group(2)
-        for m in re.finditer(r"^([a-z][a-z ]*?) *: (.*)$", block, re.M)
+        for m in re.finditer(r"^([A-Za-z][A-Za-z0-9 ]*?) *: (.*)$", block, re.M)
     }
     generations = dict(re.findall(r"^> (.*)\n  (.*)$", block, re.M))
     return values, generations
@@ -109,3 +109,37 @@ def readme_doctor_rows() -> tuple[list[tuple[str, str]], str]:
     block = block_after(REPO / "README.md", README_DOCTOR_MARKER)
     rows = re.findall(r"^(OK|WARN|FAIL|SKIP) +(\w+) ", block, re.M)
     return rows, block.strip().splitlines()[-1]
+
+
+@dataclass(frozen=True)
+class ShellStep:
+    line: str
+    env: dict[str, str]
+    argv: list[str]  # the program's name first (``vllm-kunlun``, ``vllm``, ...)
+
+
+DEPLOY_REHEARSAL = "## Rehearsal in host emulation"
+
+
+def rehearsal_blocks(doc: Path = REPO / "docs" / "deploy.md") -> list[list[ShellStep]]:
+    """The ``bash`` blocks of deploy.md's rehearsal section, each as its command lines
+    (``VAR=value`` prefixes split off, comments dropped), in order."""
+    text = doc.read_text()
+    start = text.index(DEPLOY_REHEARSAL)
+    end = text.find("\n## ", start + 1)
+    section = text[start : end if end > 0 else len(text)]
+    blocks = []
+    for m in _FENCE.finditer(section):
+        if m.group(1) != "bash":
+            continue
+        steps = []
+        for raw in _logical_lines(m.group(2)):
+            words = shlex.split(raw.strip(), comments=True)
+            env = {}
+            while words and _ENV_ASSIGNMENT.match(words[0]):
+                name, _, value = words.pop(0).partition("=")
+                env[name] = value
+            if words:
+                steps.append(ShellStep(raw.strip(), env, words))
+        blocks.append(steps)
+    return blocks

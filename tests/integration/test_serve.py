@@ -35,6 +35,8 @@ import json
 import math
 import re
 import signal
+import subprocess
+import sys
 import time
 import urllib.error
 import urllib.request
@@ -48,6 +50,7 @@ import pytest
 from transformers import AutoTokenizer
 
 from tests.conftest import child_env
+from tests.docs_blocks import rehearsal_blocks
 from tests.integration.e2e_runner import run_hf
 from tests.integration.serve_clients import (
     NAME,
@@ -64,7 +67,7 @@ from tests.integration.serve_clients import (
     silent_client,
 )
 from vllm_kunlun.demo.server_process import ServerProcess, start_server
-from vllm_kunlun.demo.tiny_model import vocabulary, write_tiny_model
+from vllm_kunlun.demo.tiny_model import vocabulary
 from vllm_kunlun.envs import registry
 from vllm_kunlun.guards.shutdown import SHUTDOWN_MESSAGE
 
@@ -91,29 +94,69 @@ CHAT = [
 ]
 
 
+# docs/deploy.md's rehearsal, second block: this module's model, server and check.
+DOCUMENTED = {s.argv[1]: s for s in rehearsal_blocks()[1]}
+DOCUMENTED_DIR = "/tmp/tiny-qwen3"
+
+
+def test_the_documented_rehearsal_is_this_modules_server() -> None:
+    """The commands docs/deploy.md shows are the ones this module runs."""
+    assert DOCUMENTED["tiny-model"].argv == [
+        "vllm-kunlun",
+        "tiny-model",
+        DOCUMENTED_DIR,
+    ]
+    serve = DOCUMENTED["serve"]
+    assert serve.env == {"VLLM_KUNLUN_HOST_EMULATION": "1"}
+    assert serve.argv[:3] == ["vllm", "serve", DOCUMENTED_DIR]
+    args = serve.argv[3:]
+    for flag, value in (
+        ("--served-model-name", NAME),
+        ("--max-model-len", str(MAX_MODEL_LEN)),
+        ("--max-num-seqs", str(MAX_NUM_SEQS)),
+    ):
+        assert args[args.index(flag) + 1] == value, (flag, serve.line)
+    assert DOCUMENTED["accuracy"].argv == [
+        "vllm-kunlun",
+        "accuracy",
+        "--url",
+        "http://127.0.0.1:8000",
+        "--model",
+        DOCUMENTED_DIR,
+    ]
+
+
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
-    return str(write_tiny_model(tmp_path_factory.mktemp("serve") / "tiny-qwen3"))
+    """The documented ``vllm-kunlun tiny-model`` line, run in a temporary directory."""
+    out = str(tmp_path_factory.mktemp("serve") / "tiny-qwen3")
+    argv = DOCUMENTED["tiny-model"].argv[1:]
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "vllm_kunlun.cli",
+            *(out if w == DOCUMENTED_DIR else w for w in argv),
+        ],
+        env=child_env(fakes=False),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return out
 
 
 @pytest.fixture(scope="module")
 def server(
     model_dir: str, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[ServerProcess]:
-    args = [
-        "--served-model-name",
-        NAME,
-        "--dtype",
-        "float32",
-        "--max-model-len",
-        str(MAX_MODEL_LEN),
-        "--max-num-seqs",
-        str(MAX_NUM_SEQS),
-        "--seed",
-        "0",
-    ]
-    env = child_env({"VLLM_KUNLUN_HOST_EMULATION": "1", "VLLM_LOGGING_LEVEL": "INFO"})
-    srv = start_server(model_dir, args, env, log_dir=tmp_path_factory.mktemp("log"))
+    """The documented ``vllm serve`` line (its model moved, on a free port)."""
+    serve = DOCUMENTED["serve"]
+    env = child_env({**serve.env, "VLLM_LOGGING_LEVEL": "INFO"})
+    srv = start_server(
+        model_dir, serve.argv[3:], env, log_dir=tmp_path_factory.mktemp("log")
+    )
     try:
         yield srv
     finally:
@@ -384,7 +427,8 @@ def test_accuracy_passes_on_the_served_checkpoint(
     server: ServerProcess, model_dir: str
 ) -> None:
     """``vllm-kunlun accuracy`` against transformers on the same checkpoint: float32
-    emulation computes the same numbers (docs/accuracy.md)."""
+    emulation computes the same numbers (docs/accuracy.md). The documented line with
+    this server's URL, plus ``--json``."""
     code, doc, err = accuracy_cli(server.url, model_dir)
     assert code == 0, (doc, err[-3000:])
     assert doc["passed"] and doc["failures"] == []
