@@ -151,6 +151,7 @@ def main(argv: list[str]) -> int:
         table = read_table(Path(name))
         print(f"{name}: {table.title}")
         print("| " + " | ".join(table.columns) + " |")
+        print("|---" * len(table.columns) + "|")
         for row in table.rows:
             print("| " + " | ".join(map(str, row)) + " |")
     return 0
