@@ -32,8 +32,10 @@ THRESHOLDS: dict[str, Thresholds] = {
     "float32": Thresholds(min_agreement=0.99, max_gap=1e-2, max_mean_gap=1e-3),
     # fp16 keeps 11 significant bits; its noise reaches ~0.1 nats at a few positions.
     "float16": Thresholds(min_agreement=0.95, max_gap=0.5, max_mean_gap=0.02),
-    # bf16 keeps 8: ~8x fp16's rounding, ~0.01-0.03 nats mean on real models.
-    "bfloat16": Thresholds(min_agreement=0.90, max_gap=1.0, max_mean_gap=0.05),
+    # bf16 keeps 8: ~8x fp16's rounding. A correct tiny hybrid measured a 0.047 mean
+    # (GDN's recurrent state accumulates it), so the mean allows 0.1; a broken weight
+    # is at 0.45 (docs/accuracy.md).
+    "bfloat16": Thresholds(min_agreement=0.90, max_gap=1.0, max_mean_gap=0.1),
     # int8 activations (absmax/127 in vLLM, /127.5 in compressed-tensors' fake
     # quantization) round differently on top of the float dtype's noise.
     "w8a8": Thresholds(min_agreement=0.85, max_gap=2.0, max_mean_gap=0.15),
