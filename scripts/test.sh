@@ -15,6 +15,6 @@ echo "==> mypy"
 .venv/bin/mypy
 echo "==> pytest"
 if [ "$#" -eq 0 ]; then
-  set -- -n 2 --dist loadfile
+  set -- -n 2 --dist loadfile --durations=25  # the slowest tests, to keep the suite in budget
 fi
 .venv/bin/python -m pytest "$@"
