@@ -231,7 +231,9 @@ def test_demo_reports_the_kunlun_backend_and_vendor_kernels(
     spawned process, every kernel call recorded there."""
     records = work / "demo-calls.jsonl"
     env = {"VLLM_KUNLUN_EMULATION_VENDOR": "1", RECORD_ENV: str(records)}
-    report, proc = run_demo_cli(work, env, fakes=True)
+    # The dense Qwen3, this module's reference model (the hybrid's vendor path:
+    # test_e2e_hybrid_geometry_vendor.py).
+    report, proc = run_demo_cli(work, env, fakes=True, model="qwen3")
     assert report["emulation"] is True
     assert "VLLM_KUNLUN_EMULATION_VENDOR=1" in report["platform_choice"]
     (info,) = report["serving"]
