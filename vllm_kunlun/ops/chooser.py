@@ -1,7 +1,7 @@
 """The one chooser of a kernel path: vendor, Triton, native (CPU) or portable torch.
 
-Why one: every kernel family (sampling, W8A8 int8 linear, Gated DeltaNet, the vendor
-CustomOps, attention) faces the same choice, and three choosers with two policies
+Why one: every kernel family (sampling, W8A8 int8 linear, Gated DeltaNet, MoE, the
+vendor CustomOps, attention) faces the same choice, and three choosers with two policies
 answered it differently (GDN ignored host emulation's switch). A silent or inconsistent
 fallback is how the decode stall happened (docs/deployment-log.md D11), so the policy,
 the explicit switches, the error texts and the log lines live here once.
@@ -77,9 +77,12 @@ INT8_MM = Family(
     vendor_fix=versions.VENDOR_LIBS_HINT[0].upper() + versions.VENDOR_LIBS_HINT[1:],
 )
 GDN = Family("GDN", "VLLM_KUNLUN_GDN")
+# No switch: the vendor block serves float, non-expert-parallel layers where the policy
+# wants vendor kernels; every other MoE layer runs portable (ops/moe/seam.py).
+MOE = Family("MoE", None)
 CUSTOM_OPS = Family("CustomOp", None, caller_warns=True)
 ATTENTION = Family("attention", None)
-FAMILIES = (SAMPLING, INT8_MM, GDN, CUSTOM_OPS, ATTENTION)
+FAMILIES = (SAMPLING, INT8_MM, GDN, MOE, CUSTOM_OPS, ATTENTION)
 
 
 @dataclass(frozen=True)

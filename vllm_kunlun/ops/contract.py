@@ -97,6 +97,21 @@ VENDOR_CONTRACT: dict[str, dict[str, tuple[str, ...]]] = {
             "use_qk_l2norm_in_kernel",
             "is_h0_transposed",
         ),
+        # vllm_kunlun/ops/moe/seam.py: the whole routed MoE block (softmax top-k routing
+        # and the expert MLPs), every argument by keyword as upstream passes it.
+        "moe_ffn_block": (
+            "x",
+            "gate_w",
+            "inter_w",
+            "output_w",
+            "expert_num",
+            "moe_top_k",
+            "topk_group",
+            "renormalize",
+            "use_grouped_topk",
+            "expert_group_num",
+            "out",
+        ),
     },
     # torch custom ops (torch.ops.xspeedgate_ops.*, registered on import), called
     # positionally with vLLM's _C signatures: only their presence is checked.

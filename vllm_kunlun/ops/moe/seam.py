@@ -1,0 +1,253 @@
+"""The MoE seam: Kunlun's fused MoE block, or the portable grouped experts.
+
+Why: Qwen3.5-MoE's routed experts (256 experts, top-8 in the 35B-A3B) need a grouped
+expert kernel. vLLM's fused MoE is Triton / ``vllm._C`` and does not run here; on Kunlun
+the vendor library has one call for the whole routed block, elsewhere
+``ops/moe/portable.py`` computes the same thing in plain torch.
+
+Vendor call (declared in ``ops/contract.py``, checked by the doctor; the call form in
+``docs/vendor-calls.md``): ``kunlun_ops.moe_ffn_block`` with every argument by keyword,
+as the upstream Kunlun plugin calls it: the router weight ``gate_w`` [E, H], ``inter_w``
+= w13 [E, 2I, H], ``output_w`` = w2 [E, H, I], softmax top-k routing
+(``use_grouped_topk=False``, ``expert_group_num=0``, ``topk_group=0``: upstream's values
+for ungrouped routing), written into ``out``. Observed usage pins the keywords, not
+their semantics: the fake (``tests/fakes/kunlun_ops/_moe.py``) implements
+transformers' semantics, and hardware must confirm the real kernel computes them.
+
+The vendor path serves float weights without expert parallelism only (the call takes
+all ``expert_num`` experts and no scales). int8 experts and expert-parallel slices run
+the portable kernel (whose int8 matmuls go through the int8 seam, vendor where it is
+chosen); the reason is logged once.
+
+There is no switch: ``ops/chooser.py`` takes the vendor kernel where the active platform
+wants vendor kernels and it loads, else portable, and logs the choice once per device.
+Both paths run behind one torch custom op, ``torch.ops.vllm_kunlun.moe_forward``, so
+torch.compile sees one opaque op (the per-expert loop is data-dependent and must not be
+traced). Removal: when vLLM's fused MoE runs on the validated torch without Triton.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from vllm_kunlun.logger import init_logger
+from vllm_kunlun.ops import chooser, vendor
+from vllm_kunlun.ops.moe import portable
+
+logger = init_logger(__name__)
+
+VENDOR = chooser.VENDOR
+PORTABLE = chooser.PORTABLE
+VENDOR_MODULE = "kunlun_ops"
+VENDOR_FUNCTION = "moe_ffn_block"
+# Ungrouped softmax top-k routing, as upstream passes it (docs/vendor-calls.md).
+UNGROUPED = {"use_grouped_topk": False, "expert_group_num": 0, "topk_group": 0}
+
+
+@dataclass(frozen=True)
+class MoeKernels:
+    """The MoE path one device uses, and why."""
+
+    name: str
+    reason: str
+    vendor_fn: Callable[..., Any] | None = None
+
+
+def load_vendor() -> tuple[Callable[..., Any] | None, str]:
+    """``kunlun_ops.moe_ffn_block``, or None and why not."""
+    fn, why = vendor.function(VENDOR_MODULE, VENDOR_FUNCTION)
+    return fn, (f"{why} is available" if fn is not None else why)
+
+
+_selected: dict[torch.device, MoeKernels] = {}
+# (device type, path, reason) -> calls served: what the serving report shows.
+_served: Counter[tuple[str, str, str]] = Counter()
+
+
+def select_kernels(device: torch.device | str) -> MoeKernels:
+    """The MoE path for tensors on ``device``; chosen and logged once per device."""
+    device = torch.device(device)
+    if device not in _selected:
+        choice = chooser.choose(chooser.MOE, device, vendor=load_vendor)
+        _selected[device] = MoeKernels(choice.name, choice.reason, choice.vendor)
+    return _selected[device]
+
+
+def reset() -> None:
+    """Forget the per-device choices and the call counts (tests)."""
+    _selected.clear()
+    _served.clear()
+
+
+def served() -> list[dict[str, Any]]:
+    """Each path the MoE layers ran on in this process (device type, path, reason,
+    calls): the demo's and the tests' report of what served the experts."""
+    return [
+        {"device": device, "path": path, "reason": reason, "calls": calls}
+        for (device, path, reason), calls in sorted(_served.items())
+    ]
+
+
+def _vendor_refusal(
+    local_experts: int, num_experts: int, quantized: bool
+) -> str | None:
+    """Why the vendor block cannot take this layer (None: it can)."""
+    if quantized:
+        return "int8 experts: moe_ffn_block takes no weight scales"
+    if local_experts != num_experts:
+        return (
+            f"expert parallelism ({local_experts} of {num_experts} experts on this "
+            "rank): moe_ffn_block routes over every expert it is given"
+        )
+    return None
+
+
+def _vendor_block(
+    fn: Callable[..., Any],
+    x: torch.Tensor,
+    router_weight: torch.Tensor,
+    w13: torch.Tensor,
+    w2: torch.Tensor,
+    top_k: int,
+    renormalize: bool,
+    num_experts: int,
+) -> torch.Tensor:
+    out = torch.empty_like(x)
+    fn(
+        x=x.contiguous(),
+        gate_w=router_weight.contiguous(),
+        inter_w=w13.contiguous(),
+        output_w=w2.contiguous(),
+        expert_num=num_experts,
+        moe_top_k=top_k,
+        topk_group=UNGROUPED["topk_group"],
+        renormalize=renormalize,
+        use_grouped_topk=UNGROUPED["use_grouped_topk"],
+        expert_group_num=UNGROUPED["expert_group_num"],
+        out=out,
+    )
+    return out
+
+
+def forward_eager(
+    x: torch.Tensor,
+    router_weight: torch.Tensor,
+    w13: torch.Tensor,
+    w2: torch.Tensor,
+    top_k: int,
+    renormalize: bool,
+    expert_start: int,
+    num_experts: int,
+    w13_scale: torch.Tensor | None,
+    w2_scale: torch.Tensor | None,
+) -> torch.Tensor:
+    """The custom op's implementation: the routed block on the chosen path."""
+    x2 = x.reshape(-1, x.shape[-1])
+    kernels = select_kernels(x.device)
+    path, reason = kernels.name, kernels.reason
+    if kernels.vendor_fn is not None:
+        quantized = w13_scale is not None or w2_scale is not None
+        refusal = _vendor_refusal(w13.shape[0], num_experts, quantized)
+        if refusal is None:
+            out = _vendor_block(
+                kernels.vendor_fn,
+                x2,
+                router_weight,
+                w13,
+                w2,
+                top_k,
+                renormalize,
+                num_experts,
+            )
+            _served[(x.device.type, VENDOR, reason)] += 1
+            return out.reshape(x.shape)
+        path, reason = PORTABLE, refusal
+        logger.info_once(
+            "vllm-kunlun: MoE layers on %s with %s run the portable kernel, not the "
+            "vendor moe_ffn_block",
+            x.device.type,
+            refusal,
+        )
+    out = portable.moe_forward(
+        x2,
+        router_weight,
+        w13,
+        w2,
+        top_k=top_k,
+        renormalize=renormalize,
+        expert_start=expert_start,
+        w13_scale=w13_scale,
+        w2_scale=w2_scale,
+    )
+    _served[(x.device.type, path, reason)] += 1
+    return out.reshape(x.shape)
+
+
+# ---- one custom op for both paths ---------------------------------------------------
+
+OP_NAMESPACE = "vllm_kunlun"
+OP_NAME = "moe_forward"
+_SCHEMA = (
+    "moe_forward(Tensor x, Tensor router_weight, Tensor w13, Tensor w2, int top_k, "
+    "bool renormalize, int expert_start, int num_experts, Tensor? w13_scale, "
+    "Tensor? w2_scale) -> Tensor"
+)
+
+
+def _fake(x: torch.Tensor, *weights_and_args: Any) -> torch.Tensor:
+    return x.new_empty(x.shape)
+
+
+_library: torch.library.Library | None = None
+
+
+def register_op() -> Callable[..., torch.Tensor]:
+    """Define ``torch.ops.vllm_kunlun.moe_forward`` once per process; returns it."""
+    global _library
+    if _library is None:
+        lib = torch.library.Library(OP_NAMESPACE, "FRAGMENT")
+        lib.define(_SCHEMA)
+        lib.impl(OP_NAME, forward_eager, "CompositeExplicitAutograd")
+        torch.library.register_fake(f"{OP_NAMESPACE}::{OP_NAME}", _fake, lib=lib)
+        _library = lib
+    return getattr(getattr(torch.ops, OP_NAMESPACE), OP_NAME)  # type: ignore[no-any-return]
+
+
+def moe_forward(
+    x: torch.Tensor,
+    router_weight: torch.Tensor,
+    w13: torch.Tensor,
+    w2: torch.Tensor,
+    *,
+    top_k: int,
+    renormalize: bool,
+    expert_start: int = 0,
+    num_experts: int | None = None,
+    w13_scale: torch.Tensor | None = None,
+    w2_scale: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """The routed experts' output for ``x`` [T, H] (or [..., H]), in ``x``'s dtype.
+
+    ``router_weight`` [E, H]; ``w13`` [E_local, 2I, H]; ``w2`` [E_local, H, I]; this
+    rank holds experts ``expert_start ..`` of ``num_experts`` (default: all, E). The
+    caller adds the shared expert and all-reduces over TP / EP. int8 experts: pass
+    ``w13_scale`` [E_local, 2I] and ``w2_scale`` [E_local, H] (float32 channel scales).
+    """
+    op = register_op()
+    return op(
+        x,
+        router_weight,
+        w13,
+        w2,
+        top_k,
+        renormalize,
+        expert_start,
+        router_weight.shape[0] if num_experts is None else num_experts,
+        w13_scale,
+        w2_scale,
+    )
