@@ -17,6 +17,7 @@ from typing import Any
 from vllm_kunlun.demo.tiny_model import write_tiny_model
 from vllm_kunlun.demo.tiny_quant import write_tiny_w8a8
 from vllm_kunlun.demo.tiny_qwen3_5 import TinyQwen3_5Spec
+from vllm_kunlun.demo.tiny_qwen3_5_moe import TinyQwen3_5MoeSpec
 
 WEIGHTS = "model.safetensors"
 
@@ -37,11 +38,21 @@ def _w8a8(d: Path) -> Path:
     return write_tiny_w8a8(d)
 
 
+def _qwen3_5_moe(d: Path) -> Path:
+    return write_tiny_model(d, TinyQwen3_5MoeSpec())
+
+
+def _qwen3_5_moe_w8a8(d: Path) -> Path:
+    return write_tiny_w8a8(d, TinyQwen3_5MoeSpec(layout="composite"))
+
+
 WRITERS: dict[str, Callable[[Path], Path]] = {
     "qwen3": _qwen3,
     "qwen3_5": _qwen3_5,
     "qwen3_5_composite": _qwen3_5_composite,
     "w8a8": _w8a8,
+    "qwen3_5_moe": _qwen3_5_moe,
+    "qwen3_5_moe_w8a8": _qwen3_5_moe_w8a8,
 }
 
 FP8_CONFIG = {"quant_method": "fp8", "activation_scheme": "dynamic"}
@@ -163,6 +174,38 @@ CASES: dict[str, Case] = {
         "qwen3",
         rows={"model.layers.0.input_layernorm.weight": 1},
         expect=("'model.layers.0.input_layernorm.weight'", "found [65]"),
+    ),
+    # --- Qwen3.5-MoE: the experts load through the model's own loader ------------------
+    "qwen3_5_moe_ok": Case("qwen3_5_moe"),
+    "qwen3_5_moe_w8a8_ok": Case("qwen3_5_moe_w8a8"),
+    "qwen3_5_moe_missing_expert": Case(
+        "qwen3_5_moe",
+        drop=("model.layers.2.mlp.experts.5.up_proj.weight",),
+        expect=(
+            "lacks expert tensors",
+            "model.layers.2.mlp.experts.5.up_proj.weight",
+            "8 experts per layer",
+        ),
+    ),
+    # A config that says 6 experts for a checkpoint of 8.
+    "qwen3_5_moe_expert_count": Case(
+        "qwen3_5_moe",
+        config={"num_experts": 6},
+        expect=("'model.layers.0.mlp.experts.6.", "num_experts=6"),
+    ),
+    "qwen3_5_moe_expert_rows": Case(
+        "qwen3_5_moe",
+        rows={"model.layers.1.mlp.experts.0.down_proj.weight": 2},
+        expect=(
+            "'model.layers.1.mlp.experts.0.down_proj.weight'",
+            "shape [66, 32]",
+            "needs [64, 32]",
+        ),
+    ),
+    "qwen3_5_moe_w8a8_missing_expert_scale": Case(
+        "qwen3_5_moe_w8a8",
+        drop=("model.language_model.layers.3.mlp.experts.1.gate_proj.weight_scale",),
+        expect=("model.layers.3.mlp.experts.1.gate_proj.weight_scale",),
     ),
     "fp8_config": Case(
         "qwen3",

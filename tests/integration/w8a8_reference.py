@@ -17,6 +17,7 @@
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -130,12 +131,83 @@ def float64_reference(
             assert t.dtype == torch.int8, name
             state[name] = t.double() * scale.double()
             quantized.append(name.removesuffix(".weight"))
+    state, quantized_experts = _fuse_experts(state, quantized)
     model.load_state_dict(state, strict=True)
     modules = dict(model.named_modules())
     for name in quantized:
+        if ".mlp.experts." in name:
+            continue
         q = sharded(quantize, tp) if name.endswith(ROW_PARALLEL) else quantize
         modules[name].register_forward_pre_hook(lambda m, args, q=q: (q(args[0]),))
+    for name in quantized_experts:
+        assert tp == 1, "the MoE reference quantizes whole expert inputs (TP 1)"
+        _quantize_expert_inputs(modules[name], quantize)
     return model
+
+
+_EXPERT = re.compile(
+    r"(.*\.mlp\.experts)\.(\d+)\.(gate_proj|up_proj|down_proj)\.weight"
+)
+
+
+def _fuse_experts(
+    state: dict[str, torch.Tensor], quantized: list[str]
+) -> tuple[dict[str, torch.Tensor], set[str]]:
+    """Per-expert checkpoint tensors (as released MoE checkpoints store them) into
+    transformers' fused ``experts.gate_up_proj`` [E, 2I, H] / ``experts.down_proj``
+    [E, H, I]; also the experts modules whose projections were quantized."""
+    experts: dict[str, dict[int, dict[str, torch.Tensor]]] = {}
+    out = {}
+    for name, t in state.items():
+        m = _EXPERT.fullmatch(name)
+        if m is None:
+            out[name] = t
+            continue
+        experts.setdefault(m[1], {}).setdefault(int(m[2]), {})[m[3]] = t
+    for module, by_expert in experts.items():
+        order = sorted(by_expert)
+        assert order == list(range(len(order))), (module, order)
+        out[module + ".gate_up_proj"] = torch.stack(
+            [
+                torch.cat([by_expert[e]["gate_proj"], by_expert[e]["up_proj"]])
+                for e in order
+            ]
+        )
+        out[module + ".down_proj"] = torch.stack(
+            [by_expert[e]["down_proj"] for e in order]
+        )
+    quantized_experts = {
+        m[1] for n in quantized if (m := _EXPERT.fullmatch(n + ".weight")) is not None
+    }
+    return out, quantized_experts
+
+
+def _quantize_expert_inputs(
+    experts: torch.nn.Module, quantize: Callable[[torch.Tensor], torch.Tensor]
+) -> None:
+    """transformers' expert loop (``Qwen3_5MoeExperts.forward``) with each expert's
+    input and its down projection's input quantized per token, as an int8 linear
+    layer quantizes its activations."""
+    import torch.nn.functional as F
+
+    def forward(
+        hidden_states: torch.Tensor,
+        top_k_index: torch.Tensor,
+        top_k_weights: torch.Tensor,
+    ) -> torch.Tensor:
+        final = torch.zeros_like(hidden_states)
+        for e in range(experts.num_experts):
+            token_idx, slot = torch.where(top_k_index == e)
+            if token_idx.numel() == 0:
+                continue
+            x = quantize(hidden_states[token_idx])
+            gate, up = F.linear(x, experts.gate_up_proj[e]).chunk(2, dim=-1)
+            h = quantize(experts.act_fn(gate) * up)
+            y = F.linear(h, experts.down_proj[e]) * top_k_weights[token_idx, slot, None]
+            final.index_add_(0, token_idx, y.to(final.dtype))
+        return final
+
+    experts.forward = forward  # type: ignore[method-assign]
 
 
 def _text_tensors(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:

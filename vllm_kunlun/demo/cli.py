@@ -74,8 +74,8 @@ def add_parser(sub: Any) -> None:
 
     t = sub.add_parser(
         "tiny-model",
-        help="write a deterministic tiny checkpoint (Qwen3, or Qwen3.5 hybrid) and "
-        "tokenizer",
+        help="write a deterministic tiny checkpoint (Qwen3, Qwen3.5 hybrid or "
+        "Qwen3.5-MoE) and tokenizer",
     )
     t.add_argument(
         "directory",
@@ -84,32 +84,35 @@ def add_parser(sub: Any) -> None:
     )
     t.add_argument(
         "--arch",
-        choices=("qwen3", "qwen3_5"),
+        choices=("qwen3", "qwen3_5", "qwen3_5_moe"),
         default="qwen3",
         help="qwen3: dense Qwen3 (default); qwen3_5: Qwen3.5 hybrid (Gated DeltaNet + "
-        "full attention)",
+        "full attention); qwen3_5_moe: the hybrid with a routed MoE (8 experts, top-2, "
+        "a shared expert) in every layer",
     )
     t.add_argument(
         "--layout",
         choices=("causal", "composite"),
         default="causal",
-        help="qwen3_5 only: Qwen3_5ForCausalLM, or the vision-language composite "
-        "Qwen3_5ForConditionalGeneration (nested text_config, vision and MTP weights)",
+        help="qwen3_5 and qwen3_5_moe only: the causal LM, or the vision-language "
+        "composite (nested text_config, vision and MTP weights)",
     )
     t.add_argument(
         "--quant",
         choices=("w8a8",),
         help="w8a8: a compressed-tensors W8A8-INT8 checkpoint (int8 weights, dynamic "
         "per-token int8 activations; lm_head, and for qwen3_5 the vision tower and "
-        "the MTP head, stay float)",
+        "the MTP head, for qwen3_5_moe also the routers, stay float)",
     )
     t.set_defaults(func=run_tiny_model_command)
 
 
 def run_tiny_model_command(args: argparse.Namespace) -> int:
     quant = getattr(args, "quant", None)
-    if args.arch != "qwen3_5" and args.layout != "causal":
-        return _tiny_model_refused("--layout applies to --arch qwen3_5 only")
+    if args.arch == "qwen3" and args.layout != "causal":
+        return _tiny_model_refused(
+            "--layout applies to --arch qwen3_5 and qwen3_5_moe only"
+        )
 
     from vllm_kunlun.demo.tiny_model import OutputDirError, checksum, prepare_output_dir
 
@@ -118,18 +121,21 @@ def run_tiny_model_command(args: argparse.Namespace) -> int:
         prepare_output_dir(args.directory)
     except OutputDirError as exc:
         return _tiny_model_refused(str(exc))
-    if args.arch == "qwen3_5":
+    if args.arch in ("qwen3_5", "qwen3_5_moe"):
         from vllm_kunlun.demo.tiny_model import write_tiny_model
-        from vllm_kunlun.demo.tiny_qwen3_5 import ARCHITECTURES, TinyQwen3_5Spec
+        from vllm_kunlun.demo.tiny_qwen3_5 import TinyQwen3_5Spec
+        from vllm_kunlun.demo.tiny_qwen3_5_moe import TinyQwen3_5MoeSpec
 
-        spec = TinyQwen3_5Spec(layout=args.layout)
-        what = f"tiny Qwen3.5 hybrid ({ARCHITECTURES[args.layout]})"
+        moe = args.arch == "qwen3_5_moe"
+        spec = (TinyQwen3_5MoeSpec if moe else TinyQwen3_5Spec)(layout=args.layout)
+        kind = "Qwen3.5-MoE hybrid" if moe else "Qwen3.5 hybrid"
+        what = f"tiny {kind} ({spec.architecture})"
         if quant == "w8a8":
             from vllm_kunlun.demo.tiny_quant import write_tiny_w8a8
 
             out = write_tiny_w8a8(args.directory, spec)
-            what += " W8A8-INT8 (compressed-tensors, dynamic; vision tower, MTP head "
-            what += "and lm_head float)"
+            floats = "vision tower, MTP head, " + ("routers, " if moe else "")
+            what += f" W8A8-INT8 (compressed-tensors, dynamic; {floats}lm_head float)"
         else:
             out = write_tiny_model(args.directory, spec)
     elif quant == "w8a8":

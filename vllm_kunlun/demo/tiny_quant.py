@@ -41,6 +41,15 @@ QWEN3_5_LINEAR_WEIGHTS = (
     r"\.\w+_proj(_\w+)?\.weight"
 )
 QWEN3_5_IGNORE = ("lm_head", "re:.*visual.*", "re:.*mtp.*")
+# Qwen3.5-MoE adds the shared expert and every routed expert's projections; the router
+# (``mlp.gate``) and the shared-expert gate stay float, as released W8A8 checkpoints
+# list them in ``ignore``.
+QWEN3_5_MOE_LINEAR_WEIGHTS = (
+    r"model\.(language_model\.)?layers\.\d+\."
+    r"(self_attn|linear_attn|mlp\.shared_expert|mlp\.experts\.\d+)"
+    r"\.\w+_proj(_\w+)?\.weight"
+)
+QWEN3_5_MOE_IGNORE = (*QWEN3_5_IGNORE, "re:.*mlp.gate$", "re:.*shared_expert_gate$")
 
 
 def quantize_weight(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -191,6 +200,9 @@ def write_tiny_w8a8(
         names = list(f.keys())
     if spec is None:
         quantize_checkpoint(out, select(names, QWEN3_LINEAR_WEIGHTS), QWEN3_IGNORE)
+    elif getattr(spec, "num_experts", 0):
+        weights = select(names, QWEN3_5_MOE_LINEAR_WEIGHTS)
+        quantize_checkpoint(out, weights, QWEN3_5_MOE_IGNORE)
     else:
         weights = select(names, QWEN3_5_LINEAR_WEIGHTS)
         quantize_checkpoint(out, weights, QWEN3_5_IGNORE)

@@ -24,6 +24,7 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import asdict, dataclass
+from typing import Any
 
 from vllm_kunlun.demo.tiny_model import SEED, decoder_fields
 
@@ -66,6 +67,27 @@ class TinyQwen3_5Spec:
                 f"layout {self.layout!r} is not one of {', '.join(LAYOUTS)}"
             )
 
+    # model_type of the composite; the text config's is this plus "_text".
+    model_type = "qwen3_5"
+
+    @property
+    def architecture(self) -> str:
+        return ARCHITECTURES[self.layout]
+
+    def text_fields(self) -> dict:
+        """Config fields of this kind only (the MoE spec adds its experts)."""
+        return {}
+
+    def mlp_weights(self, prefix: str, linear: Any) -> dict:
+        """One layer's MLP tensors under ``prefix`` (``<layer>.mlp.``); ``linear(out,
+        in)`` draws a weight from the checkpoint's one random stream."""
+        h, inter = self.hidden_size, self.intermediate_size
+        return {
+            prefix + "gate_proj.weight": linear(inter, h),
+            prefix + "up_proj.weight": linear(inter, h),
+            prefix + "down_proj.weight": linear(h, inter),
+        }
+
     @property
     def layer_types(self) -> list[str]:
         interval = self.full_attention_interval
@@ -77,7 +99,7 @@ class TinyQwen3_5Spec:
     # ---- tiny_model.TinySpec --------------------------------------------------------
     @property
     def cache_name(self) -> str:
-        return f"tiny-qwen3_5-{self.layout}"
+        return f"tiny-{self.model_type}-{self.layout}"
 
     def marker(self) -> dict:
         # Through JSON, so that it compares equal to the marker file read back.
@@ -93,8 +115,9 @@ class TinyQwen3_5Spec:
 
 def _text_config(spec: TinyQwen3_5Spec, vocab_size: int) -> dict:
     return {
-        "model_type": "qwen3_5_text",
+        "model_type": spec.model_type + "_text",
         **decoder_fields(spec, vocab_size),
+        **spec.text_fields(),
         "rope_parameters": {
             "rope_type": "default",
             "rope_theta": spec.rope_theta,
@@ -123,7 +146,7 @@ def _text_config(spec: TinyQwen3_5Spec, vocab_size: int) -> dict:
 
 def _vision_config(spec: TinyQwen3_5Spec) -> dict:
     return {
-        "model_type": "qwen3_5",
+        "model_type": spec.model_type,
         "depth": 1,
         "hidden_size": spec.vision_hidden_size,
         "intermediate_size": 2 * spec.vision_hidden_size,
@@ -142,13 +165,13 @@ def config(spec: TinyQwen3_5Spec, vocab_size: int) -> dict:
     text = _text_config(spec, vocab_size)
     if spec.layout == "causal":
         return {
-            "architectures": [ARCHITECTURES["causal"]],
+            "architectures": [spec.architecture],
             **text,
             "vllm_kunlun_tiny": marker,
         }
     return {
-        "architectures": [ARCHITECTURES["composite"]],
-        "model_type": "qwen3_5",
+        "architectures": [spec.architecture],
+        "model_type": spec.model_type,
         "text_config": text,
         "vision_config": _vision_config(spec),
         "image_token_id": vocab_size + 1,  # outside the text vocabulary: never typed
@@ -172,7 +195,7 @@ def _text_weights(spec: TinyQwen3_5Spec, vocab_size: int, prefix: str) -> dict:
     def uniform(n: int, low: float, high: float) -> torch.Tensor:
         return low + (high - low) * torch.rand(n, generator=gen, dtype=torch.float32)
 
-    h, inter = spec.hidden_size, spec.intermediate_size
+    h = spec.hidden_size
     hd, nq, nkv = spec.head_dim, spec.num_attention_heads, spec.num_key_value_heads
     hk, hv = spec.linear_num_key_heads, spec.linear_num_value_heads
     dk, dv = spec.linear_key_head_dim, spec.linear_value_head_dim
@@ -213,9 +236,7 @@ def _text_weights(spec: TinyQwen3_5Spec, vocab_size: int, prefix: str) -> dict:
             w[s + "q_norm.weight"] = 1.0 + normal(hd, std=0.1)
             w[s + "k_norm.weight"] = 1.0 + normal(hd, std=0.1)
         w[p + "post_attention_layernorm.weight"] = normal(h, std=0.1)
-        w[p + "mlp.gate_proj.weight"] = linear(inter, h)
-        w[p + "mlp.up_proj.weight"] = linear(inter, h)
-        w[p + "mlp.down_proj.weight"] = linear(h, inter)
+        w.update(spec.mlp_weights(p + "mlp.", linear))
     w[f"{prefix}norm.weight"] = normal(h, std=0.1)
     return w
 

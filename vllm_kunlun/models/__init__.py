@@ -36,6 +36,10 @@ ARCHITECTURES = {
     "Qwen3_5ForConditionalGeneration": (
         "vllm_kunlun.models.qwen3_5:Qwen3_5ForConditionalGeneration"
     ),
+    "Qwen3_5MoeForCausalLM": "vllm_kunlun.models.qwen3_5_moe:Qwen3_5MoeForCausalLM",
+    "Qwen3_5MoeForConditionalGeneration": (
+        "vllm_kunlun.models.qwen3_5_moe:Qwen3_5MoeForConditionalGeneration"
+    ),
 }
 
 

@@ -18,8 +18,10 @@ What differs and lives here: separate ``in_proj_qkv`` / ``in_proj_z`` / ``in_pro
 layer, M-RoPE positions (text only: the three rows are the token positions), and the
 composite checkpoint layout (``model.language_model.*``, nested ``text_config``).
 
-Not served yet (each refused with the reason): MoE variants, image/video inputs (the
-vision tower's weights are skipped), MTP speculative decoding (``mtp.*`` skipped).
+The MoE members reuse all of this with a sparse block in place of the MLP
+(``models/qwen3_5_moe.py``). Not served yet (each refused with the reason): image/video
+inputs (the vision tower's weights are skipped), MTP speculative decoding (``mtp.*``
+skipped).
 Correctness reference: transformers 5.2.0 ``models/qwen3_5/modeling_qwen3_5.py``.
 
 Removal: when the validated vLLM ships a Qwen3.5 implementation that runs here.
@@ -106,13 +108,16 @@ def text_config(vllm_config: VllmConfig) -> Any:
     return vllm_config.model_config.hf_text_config
 
 
-def _refuse_unsupported(vllm_config: VllmConfig) -> None:
+def _refuse_unsupported(vllm_config: VllmConfig, moe: bool) -> None:
     config = text_config(vllm_config)
-    if getattr(config, "num_experts", 0):
+    experts = int(getattr(config, "num_experts", 0) or 0)
+    if bool(experts) != moe:
+        arch = vllm_config.model_config.architectures
         raise ValueError(
-            "vllm-kunlun serves dense Qwen3.5 models only; this checkpoint has "
-            f"{config.num_experts} experts (Qwen3.5-MoE). Serve a dense Qwen3.5 "
-            "checkpoint, or a vLLM release with Qwen3.5-MoE support."
+            f"config.json names {arch}, but its text config has num_experts="
+            f"{experts}: a {'Qwen3.5-MoE' if experts else 'dense Qwen3.5'} "
+            "checkpoint needs the architecture "
+            f"{'Qwen3_5MoeForConditionalGeneration (or ...ForCausalLM)' if experts else 'Qwen3_5ForConditionalGeneration (or ...ForCausalLM)'}"
         )
     if getattr(config, "attention_bias", False):
         raise ValueError(
@@ -139,10 +144,38 @@ def _refuse_unsupported(vllm_config: VllmConfig) -> None:
                 f"{config.num_attention_heads}, {config.linear_num_key_heads} and "
                 f"{config.linear_num_value_heads}"
             )
+    if moe:
+        _refuse_unsupported_moe(vllm_config, config, tp)
     if vllm_config.cache_config.mamba_cache_mode == "all":
         raise ValueError(
             "Qwen3.5 supports prefix caching only in mamba_cache_mode='align'; use "
             "--mamba-cache-mode align (the default with --enable-prefix-caching)"
+        )
+
+
+def _refuse_unsupported_moe(vllm_config: VllmConfig, config: Any, tp: int) -> None:
+    ep = bool(getattr(vllm_config.parallel_config, "enable_expert_parallel", False))
+    fields = ["shared_expert_intermediate_size"]
+    fields.append("num_experts" if ep else "moe_intermediate_size")
+    for field in fields:
+        value = int(getattr(config, field))
+        if value % tp:
+            how = (
+                "with --enable-expert-parallel each rank holds num_experts / TP whole "
+                "experts"
+                if field == "num_experts"
+                else "each rank holds an equal share of every expert's width"
+            )
+            raise ValueError(
+                f"this Qwen3.5-MoE has {field}={value}, which tensor parallel size "
+                f"{tp} does not divide ({how}); use a --tensor-parallel-size that "
+                "divides it"
+            )
+    if not 0 < int(config.num_experts_per_tok) <= int(config.num_experts):
+        raise ValueError(
+            f"this Qwen3.5-MoE config routes num_experts_per_tok="
+            f"{config.num_experts_per_tok} of num_experts={config.num_experts}; it "
+            "must be between 1 and num_experts"
         )
 
 
@@ -300,13 +333,19 @@ class Qwen3_5DecoderLayer(nn.Module):
                 f"layer type {layer_type!r} in layer_types is not a Qwen3.5 layer "
                 "(linear_attention or full_attention)"
             )
-        self.mlp = Qwen2MoeMLP(
-            hidden_size=config.hidden_size,
-            intermediate_size=config.intermediate_size,
-            hidden_act=config.hidden_act,
-            quant_config=vllm_config.quant_config,
-            prefix=f"{prefix}.mlp",
-        )
+        self.mlp: nn.Module
+        if getattr(config, "num_experts", 0):
+            from vllm_kunlun.models.qwen3_5_moe import Qwen3_5MoeSparseBlock
+
+            self.mlp = Qwen3_5MoeSparseBlock(vllm_config, prefix=f"{prefix}.mlp")
+        else:
+            self.mlp = Qwen2MoeMLP(
+                hidden_size=config.hidden_size,
+                intermediate_size=config.intermediate_size,
+                hidden_act=config.hidden_act,
+                quant_config=vllm_config.quant_config,
+                prefix=f"{prefix}.mlp",
+            )
         self.input_layernorm = GemmaRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
         self.post_attention_layernorm = GemmaRMSNorm(
             config.hidden_size, eps=config.rms_norm_eps
@@ -387,10 +426,12 @@ class Qwen3_5ForCausalLM(nn.Module, HasInnerState, IsHybrid, SupportsMRoPE):
     }
     # Checkpoint prefix of the text model -> this module's.
     _text_prefix = "model."
+    # Whether this class serves the MoE members (qwen3_5_moe.py sets it).
+    moe = False
 
     def __init__(self, *, vllm_config: VllmConfig, prefix: str = "") -> None:
         super().__init__()
-        _refuse_unsupported(vllm_config)
+        _refuse_unsupported(vllm_config, self.moe)
         from vllm_kunlun.patching.phases import Phase, apply_phase
 
         # The GDN kernels and the hybrid-state fixes must be in place in the process

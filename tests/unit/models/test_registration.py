@@ -66,8 +66,10 @@ def _no_subprocess(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_vllm_inspects_the_entries_in_this_process(
     registry: dict[str, Any], monkeypatch: pytest.MonkeyPatch, arch: str
 ) -> None:
-    from vllm_kunlun.models import qwen3_5
+    import importlib
 
+    module, _, name = models.ARCHITECTURES[arch].partition(":")
+    cls = getattr(importlib.import_module(module), name)
     models.register_models()
     _no_subprocess(monkeypatch)
     entry = ModelRegistry.models[arch]
@@ -75,7 +77,7 @@ def test_vllm_inspects_the_entries_in_this_process(
     with pytest.raises(AssertionError, match="a subprocess was started"):
         plain.inspect_model_cls()  # what a string registration does
     # vLLM's own function on the class is the reference.
-    expected = _ModelInfo.from_model_cls(getattr(qwen3_5, arch))
+    expected = _ModelInfo.from_model_cls(cls)
     assert entry.inspect_model_cls() == expected
     # And through vLLM's registry, as ModelConfig asks it (its cache emptied first).
     vllm_registry._try_inspect_model_cls.cache_clear()
@@ -83,10 +85,7 @@ def test_vllm_inspects_the_entries_in_this_process(
         model_impl="auto", convert_type="none", runner_type="generate"
     )
     assert ModelRegistry.inspect_model_cls([arch], config) == (expected, arch)
-    assert ModelRegistry.resolve_model_cls([arch], config) == (
-        getattr(qwen3_5, arch),
-        arch,
-    )
+    assert ModelRegistry.resolve_model_cls([arch], config) == (cls, arch)
 
 
 def test_register_models_falls_back_to_strings_naming_why(
