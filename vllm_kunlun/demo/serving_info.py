@@ -1,5 +1,5 @@
 """What actually served the requests: platform, attention backend, Gated DeltaNet
-kernels, sampler, the kernels of quantized linear layers.
+kernels, MoE kernels, sampler, the kernels of quantized linear layers.
 
 Why: the demo, the benchmark and the tests must report what ran, not what should have
 run: a silent fallback (a different attention backend, vLLM's own sampler instead of
@@ -96,6 +96,7 @@ class ServingInfo:
             "linear_kernels": sorted(k for k in linear_kernels if k),
             "int8_kernels": int8,
             "gdn_kernels": _gdn_kernels(),
+            "moe_kernels": _moe_kernels(),
             "kv_blocks": _kv_blocks(runner),
         }
 
@@ -104,6 +105,13 @@ def _gdn_kernels() -> list[dict[str, str]]:
     """What each Gated DeltaNet op ran on; empty when no GDN layer ran (the seam is
     imported by the hybrid models' layer patches only)."""
     seam = sys.modules.get("vllm_kunlun.ops.gdn.seam")
+    return seam.served() if seam is not None else []
+
+
+def _moe_kernels() -> list[dict[str, Any]]:
+    """What the MoE layers ran on (device, path, reason, calls); empty when no MoE layer
+    ran (the seam is imported by the MoE model only)."""
+    seam = sys.modules.get("vllm_kunlun.ops.moe.seam")
     return seam.served() if seam is not None else []
 
 

@@ -256,3 +256,19 @@ def test_custom_op_compiles_as_one_opaque_op(fullgraph: bool) -> None:
     compiled = torch.compile(layer, backend="eager", fullgraph=fullgraph)
     torch.testing.assert_close(compiled(x), want, rtol=1e-6, atol=1e-6)
     torch.testing.assert_close(compiled(inputs(3, 32)), layer(inputs(3, 32)))
+
+
+def test_the_serving_report_lists_what_served_the_moe_layers() -> None:
+    from vllm_kunlun.demo import serving_info
+
+    _, x, router, w13, w2 = _layer()
+    moe.moe_forward(x, router, w13, w2, top_k=4, renormalize=True)
+    moe.moe_forward(x, router, w13, w2, top_k=4, renormalize=True)
+    assert serving_info._moe_kernels() == [
+        {
+            "device": "cpu",
+            "path": "portable",
+            "reason": "the tensors are on the CPU",
+            "calls": 2,
+        }
+    ]
