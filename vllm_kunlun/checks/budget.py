@@ -58,7 +58,19 @@ sampler also made an exponential-noise tensor and a sorted copy: four; the log's
 ~0.6 GiB.)"""
 # transformers' default layer pattern for hybrid configs without ``layer_types``
 # (every ``full_attention_interval``-th layer is full attention, default 4).
-_INTERVAL_DEFAULT_TYPES = ("qwen3_next", "qwen3_5", "qwen3_5_text", "qwen3_5_moe")
+_INTERVAL_DEFAULT_TYPES = (
+    "qwen3_next",
+    "qwen3_5",
+    "qwen3_5_text",
+    "qwen3_5_moe",
+    "qwen3_5_moe_text",
+)
+DEFAULT_BATCHED_TOKENS_LARGE_CARD = 8192
+"""vLLM 0.15.1's ``vllm serve`` default --max-num-batched-tokens on a card of >= 70 GiB
+(``EngineArgs.get_batch_defaults``; 2048 on a smaller one)."""
+CARDS_PER_HOST = 8
+"""Kunlun P800 cards in one host: the largest tensor-parallel group without pipeline
+parallelism across hosts, which the plugin does not serve yet."""
 
 DTYPE_BYTES = {
     "float32": 4,
@@ -96,6 +108,14 @@ class ModelShape:
     """GDN state dtype (vLLM's --mamba-cache-dtype); empty: the model dtype ('auto')."""
     block_size: int = 0
     """Attention block size the engine was given (--block-size); 0: vLLM's choice."""
+    hidden_size: int = 0
+    num_experts: int = 0
+    """Routed experts per MoE layer (0: a dense model)."""
+    experts_per_tok: int = 0
+    moe_intermediate_size: int = 0
+    shared_expert_intermediate_size: int = 0
+    max_num_batched_tokens: int = 0
+    """Tokens in one engine step (--max-num-batched-tokens); 0: vLLM's default."""
 
     @property
     def attention_layers(self) -> int:
@@ -108,6 +128,46 @@ class ModelShape:
     @property
     def state_dtype_bytes(self) -> int:
         return DTYPE_BYTES.get(self.state_dtype or self.dtype, 2)
+
+    @property
+    def is_moe(self) -> bool:
+        return self.num_experts > 0
+
+    def batched_tokens(self, device_bytes: int) -> int:
+        if self.max_num_batched_tokens:
+            return self.max_num_batched_tokens
+        return DEFAULT_BATCHED_TOKENS_LARGE_CARD if device_bytes >= 70 * GIB else 2048
+
+    def moe_workspace_bytes(self, tp: int, tokens: int) -> int:
+        """Peak transient memory of one MoE layer for ``tokens`` tokens on one card,
+        as the portable grouped-expert path allocates it (``ops/moe/portable.py``;
+        the vendor block's own workspace is not published): router logits in the
+        model dtype and their float32 softmax ``T x E``, top-k weights (float32) and
+        ids (int64) ``T x k``, the gathered tokens and their outputs ``2 x T x k x H``,
+        the output ``T x H``, three int64 index vectors ``T x k``, one expert's
+        gate / up / activation ``3 x T x I_moe/TP`` and the shared expert's
+        ``3 x T x I_shared/TP``. 0 for a dense model. vLLM's profiling run sees it, so
+        it comes out of the KV cache, not out of the memory beside it."""
+        if not self.is_moe:
+            return 0
+        b, e, k, h = (
+            self.dtype_bytes,
+            self.num_experts,
+            self.experts_per_tok,
+            self.hidden_size,
+        )
+        inter = -(-self.moe_intermediate_size // tp)
+        shared = -(-self.shared_expert_intermediate_size // tp)
+        per_token = (
+            e * (b + 4)
+            + k * (4 + 8)
+            + 2 * k * h * b
+            + h * b
+            + 3 * k * 8
+            + 3 * inter * b
+            + 3 * shared * b
+        )
+        return tokens * per_token
 
     def with_mamba_cache_dtype(self, mamba_cache_dtype: str) -> ModelShape:
         """vLLM's ``--mamba-cache-dtype``: 'auto' keeps the model dtype."""
@@ -189,6 +249,10 @@ class ModelShape:
             vocab = positive("vocab_size")
         else:
             vocab = config_int(config, "vocab_size", "", None, 1)
+        moe = model_type in ("qwen3_5_moe", "qwen3_5_moe_text")
+
+        def moe_dim(key: str, minimum: int = 1) -> int:
+            return positive(key, None if minimum else 0, minimum) if moe else 0
 
         return cls(
             model_type=model_type,
@@ -203,6 +267,13 @@ class ModelShape:
             linear_key_head_dim=dim("linear_key_head_dim"),
             linear_value_head_dim=dim("linear_value_head_dim"),
             linear_conv_kernel_dim=dim("linear_conv_kernel_dim"),
+            hidden_size=moe_dim("hidden_size"),
+            num_experts=moe_dim("num_experts"),
+            experts_per_tok=moe_dim("num_experts_per_tok"),
+            moe_intermediate_size=moe_dim("moe_intermediate_size"),
+            shared_expert_intermediate_size=moe_dim(
+                "shared_expert_intermediate_size", minimum=0
+            ),
         )
 
     def kv_bytes_per_token(self, tp: int) -> int:
@@ -295,6 +366,10 @@ class Budget:
     """One GDN layer's state of one sequence before vLLM's padding (0: no GDN)."""
     padded_state_page_bytes: int = 0
     attention_block_size: int = 0
+    activation_bytes: int = 0
+    """MoE workspace at ``activation_tokens`` tokens (0: dense, not counted): vLLM's
+    profiling run measures it, so it comes out of the KV cache."""
+    activation_tokens: int = 0
 
     @property
     def budget_bytes(self) -> float:
@@ -302,7 +377,22 @@ class Budget:
 
     @property
     def kv_bytes(self) -> float:
-        return self.budget_bytes - (self.weights_bytes or 0)
+        return self.budget_bytes - (self.weights_bytes or 0) - self.activation_bytes
+
+    def safe_kv_bytes(self, weights_bytes: int) -> float:
+        """The KV cache at the largest safe utilization with ``weights_bytes`` of
+        weights per card (> 0: such weights would fit)."""
+        return (
+            self.max_safe_utilization * self.device_bytes
+            - weights_bytes
+            - self.activation_bytes
+        )
+
+    @property
+    def kv_tokens(self) -> int:
+        if not self.kv_bytes_per_token or self.kv_bytes <= 0:
+            return 0
+        return int(self.kv_bytes // self.kv_bytes_per_token)
 
     @property
     def beside_bytes(self) -> float:
@@ -332,16 +422,23 @@ class Budget:
             if self.weights_bytes is None
             else gib(self.weights_bytes)
         )
-        kv_tokens = (
-            int(self.kv_bytes // self.kv_bytes_per_token)
-            if self.kv_bytes_per_token
-            else 0
-        )
+        kv_tokens = self.kv_tokens
+        moe = bool(self.activation_bytes)
         return [
             f"device {gib(d)} per card, TP {self.tp}, max_num_seqs {self.max_num_seqs}",
             f"vLLM budget = {u:.2f} x {gib(d)} = {gib(self.budget_bytes)}",
             f"weights per card = {w}",
-            f"KV cache <= budget - weights = {gib(self.kv_bytes)} "
+            *(
+                [
+                    f"MoE activation workspace at {self.activation_tokens} batched "
+                    f"tokens = {gib(self.activation_bytes)} (one layer's peak, "
+                    "profiled by vLLM: comes out of the KV cache)"
+                ]
+                if moe
+                else []
+            ),
+            f"KV cache <= budget - weights{' - MoE workspace' if moe else ''} = "
+            f"{gib(self.kv_bytes)} "
             f"(~{kv_tokens} tokens at {self.kv_bytes_per_token} B/token)",
             f"beside the KV cache = (1 - {u:.2f}) x {gib(d)} = {gib(self.beside_bytes)}",
             *(
@@ -377,6 +474,7 @@ def estimate(
     weights_bytes: int | None,
     reserve_gib: float = DEFAULT_RESERVE_GIB,
 ) -> Budget:
+    tokens = shape.batched_tokens(device_bytes) if shape.is_moe else 0
     return Budget(
         device_bytes=device_bytes,
         utilization=utilization,
@@ -392,6 +490,8 @@ def estimate(
         attention_block_size=shape.attention_block_size(tp)
         if shape.linear_layers and shape.attention_layers
         else 0,
+        activation_bytes=shape.moe_workspace_bytes(tp, tokens),
+        activation_tokens=tokens,
     )
 
 
@@ -463,7 +563,34 @@ def with_runtime_error(finding: Finding, error: str) -> Finding:
     return dataclasses.replace(finding, cause=cause, fix=f"{finding.fix}; and {fix}")
 
 
-def to_finding(budget: Budget, details: dict[str, Any]) -> Finding:
+def more_memory_fix(budget: Budget, alternative: str = "") -> str:
+    """What to change when the weights leave no room: ``alternative`` (e.g. a W8A8
+    checkpoint), more cards (within one host; across hosts needs pipeline parallelism,
+    which the plugin does not serve yet), fewer sequences."""
+    parts = [alternative] if alternative else []
+    if budget.tp < CARDS_PER_HOST:
+        parts.append(
+            f"raise --tensor-parallel-size (up to the host's {CARDS_PER_HOST} cards)"
+        )
+    else:
+        parts.append(
+            f"more cards than one host's {CARDS_PER_HOST} need pipeline parallelism "
+            "across hosts (--pipeline-parallel-size), which vllm-kunlun does not serve "
+            "yet"
+        )
+    parts.append(
+        f"lower --max-num-seqs (frees part of the "
+        f"{gib(budget.state_bytes + budget.sampler_bytes)} of state and sampler "
+        "buffers)"
+    )
+    return "; or ".join(parts)
+
+
+def to_finding(
+    budget: Budget, details: dict[str, Any], alternative: str = ""
+) -> Finding:
+    """``alternative``: a first fix to offer when the weights do not fit (the doctor
+    names a W8A8 checkpoint's size for a bfloat16 MoE model)."""
     details.update(
         arithmetic=budget.arithmetic(),
         device_bytes=budget.device_bytes,
@@ -472,18 +599,25 @@ def to_finding(budget: Budget, details: dict[str, Any]) -> Finding:
         state_bytes=budget.state_bytes,
         headroom_bytes=budget.headroom_bytes,
         max_safe_utilization=budget.max_safe_utilization,
+        kv_tokens=budget.kv_tokens,
+        activation_bytes=budget.activation_bytes,
     )
     u = budget.utilization
     safe = budget.max_safe_utilization
-    weights_share = (budget.weights_bytes or 0) / budget.device_bytes
-    if safe <= weights_share:
+    taken = (budget.weights_bytes or 0) + budget.activation_bytes
+    if safe * budget.device_bytes <= taken:
+        moe = (
+            f" + MoE workspace {gib(budget.activation_bytes)}"
+            if budget.activation_bytes
+            else ""
+        )
         return Finding(
             "kv_budget",
             "fail",
-            f"weights {gib(budget.weights_bytes or 0)} + state "
+            f"weights {gib(budget.weights_bytes or 0)}{moe} + state "
             f"{gib(budget.state_bytes)} + headroom {gib(budget.headroom_bytes)} do not "
             f"fit in {gib(budget.device_bytes)} at any --gpu-memory-utilization",
-            "raise --tensor-parallel-size or lower --max-num-seqs",
+            more_memory_fix(budget, alternative),
             details,
         )
     if budget.kv_bytes <= 0:
@@ -491,9 +625,15 @@ def to_finding(budget: Budget, details: dict[str, Any]) -> Finding:
             "kv_budget",
             "fail",
             f"at --gpu-memory-utilization {u:.2f} the weights "
-            f"({gib(budget.weights_bytes or 0)}) fill the whole budget "
+            f"({gib(budget.weights_bytes or 0)})"
+            + (
+                f" and the MoE workspace ({gib(budget.activation_bytes)})"
+                if budget.activation_bytes
+                else ""
+            )
+            + " fill the whole budget "
             f"({gib(budget.budget_bytes)}): no room for a KV cache",
-            f"use --gpu-memory-utilization {safe:.2f}, or raise --tensor-parallel-size",
+            f"use --gpu-memory-utilization {safe:.2f}; or {more_memory_fix(budget)}",
             details,
         )
     if not budget.fits:
@@ -557,6 +697,12 @@ def check_kv_budget(ctx: Context, device_runtime: Any = None) -> Finding:
     device, device_source = memory.total_bytes, memory.source
     tp = ctx.tensor_parallel_size
     weights, weights_source = weights_bytes_per_card(verdict.path, tp), "weight files"
+    w8a8: int | None = None
+    if shape.is_moe:
+        try:
+            weights, weights_source, w8a8 = moe_weights(config, tp, weights)
+        except ConfigRangeError as exc:
+            return Finding("kv_budget", "fail", str(exc), CONFIG_RANGE_FIX)
     if weights is None:  # no files yet: from config.json, int8 for a W8A8 config
         from vllm_kunlun.checks.weights import estimate_weights
 
@@ -581,7 +727,16 @@ def check_kv_budget(ctx: Context, device_runtime: Any = None) -> Finding:
         "state_dtype": shape.state_dtype or shape.dtype,
         "weights_source": weights_source,
     }
-    finding = to_finding(budget, details)
+    alternative = ""
+    if w8a8 is not None:
+        verb = "use" if budget.safe_kv_bytes(w8a8) > 0 else "even"
+        alternative = (
+            f"{verb} a W8A8-INT8 checkpoint (~{gib(w8a8)} per card by the same "
+            f"estimate){' would not fit' if verb == 'even' else ''}"
+        )
+    if w8a8 is not None:
+        details["w8a8_weights_bytes"] = w8a8
+    finding = to_finding(budget, details, alternative)
     finding = with_attention_path(finding, shape, budget.attention_block_size)
     if memory.runtime_error:
         finding.details["device_runtime_error"] = memory.runtime_error
@@ -590,6 +745,51 @@ def check_kv_budget(ctx: Context, device_runtime: Any = None) -> Finding:
     if weights is not None:
         finding.details["arithmetic"][2] += f" [{weights_source}]"
     return finding
+
+
+W8A8_IGNORE = (
+    "lm_head",
+    "re:.*mlp[.]gate$",
+    "re:.*mlp[.]shared_expert_gate$",
+    "re:.*visual.*",
+    "re:.*mtp.*",
+)
+"""What a W8A8-INT8 MoE checkpoint keeps in bfloat16 (besides embeddings and norms,
+which are no linears): the lm_head, the routers, the shared-expert gates, the vision
+tower and the MTP head, as real checkpoints' ``ignore`` lists name them."""
+
+
+def moe_weights(
+    config: Mapping[str, Any], tp: int, from_files: int | None
+) -> tuple[int | None, str, int | None]:
+    """(weights per card, where that number came from, a W8A8-INT8 checkpoint's weights
+    per card or None when the config is already int8) for a Qwen3.5-MoE config.
+
+    The weight files win when there are any (``from_files``); else the config's
+    parameter count (``checks/moe_params.py``). ConfigRangeError names a bad field."""
+    from vllm_kunlun.checks.moe_params import estimate_moe_weights
+
+    estimate = estimate_moe_weights(config)
+    if estimate is None:
+        return from_files, "weight files", None
+    w8a8: int | None = None
+    if not estimate.quantized:
+        quantized = dict(config)
+        quantized["quantization_config"] = {
+            "quant_method": "compressed-tensors",
+            "config_groups": {
+                "group_0": {
+                    "targets": ["Linear"],
+                    "weights": {"num_bits": 8, "type": "int"},
+                }
+            },
+            "ignore": list(W8A8_IGNORE),
+        }
+        as_int8 = estimate_moe_weights(quantized)
+        w8a8 = as_int8.per_card(tp) if as_int8 is not None else None
+    if from_files is not None:
+        return from_files, "weight files", w8a8
+    return estimate.per_card(tp), estimate.source, w8a8
 
 
 def with_attention_path(finding: Finding, shape: ModelShape, page: int) -> Finding:
