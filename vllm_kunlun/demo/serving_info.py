@@ -97,6 +97,7 @@ class ServingInfo:
             "int8_kernels": int8,
             "gdn_kernels": _gdn_kernels(),
             "moe_kernels": _moe_kernels(),
+            "moe_experts": _moe_experts(model),
             "kv_blocks": _kv_blocks(runner),
         }
 
@@ -106,6 +107,23 @@ def _gdn_kernels() -> list[dict[str, str]]:
     imported by the hybrid models' layer patches only)."""
     seam = sys.modules.get("vllm_kunlun.ops.gdn.seam")
     return seam.served() if seam is not None else []
+
+
+def _moe_experts(model: Any) -> dict[str, Any] | None:
+    """How this rank holds the routed experts (the first MoE layer's; all layers are
+    alike): which experts, how wide, int8 or not. None for a model without them. Found
+    by the attributes ``models/qwen3_5_moe.py``'s experts carry (demo/ does not import
+    models/)."""
+    for module in getattr(model, "modules", list)():
+        if hasattr(module, "local_experts") and hasattr(module, "expert_start"):
+            return {
+                "num_experts": int(module.num_experts),
+                "expert_start": int(module.expert_start),
+                "local_experts": int(module.local_experts),
+                "intermediate": int(module.local_intermediate),
+                "quantized": bool(module.quantized),
+            }
+    return None
 
 
 def _moe_kernels() -> list[dict[str, Any]]:
