@@ -168,6 +168,26 @@ def gdn_lines(served: list[dict[str, str]]) -> list[str]:
     ]
 
 
+def moe_lines(
+    served: list[dict[str, Any]], experts: dict[str, Any] | None
+) -> list[str]:
+    """One line per MoE path and device: its calls and why, with how this rank holds
+    the experts."""
+    held = ""
+    if experts:
+        last = experts["expert_start"] + experts["local_experts"] - 1
+        held = (
+            f"experts {experts['expert_start']}..{last} of {experts['num_experts']}, "
+            f"width {experts['intermediate']}"
+            + (", int8" if experts["quantized"] else "")
+            + "; "
+        )
+    return [
+        f"{c['path']} on {c['device']}: {held}{c['calls']} calls ({c['reason']})"
+        for c in served
+    ]
+
+
 def _print_report(report: Any) -> None:
     mode = "HOST EMULATION" if report.emulation else "Kunlun"
     print(f"platform choice : {mode}: {report.platform_choice}")
@@ -187,6 +207,8 @@ def _print_report(report: Any) -> None:
             print(f"linear kernels  : {', '.join(info['linear_kernels'])}")
         if info.get("int8_kernels"):
             print(f"int8 kernels    : {info['int8_kernels']}")
+        for line in moe_lines(info.get("moe_kernels") or [], info.get("moe_experts")):
+            print(f"MoE kernels     : {line}")
         for op, st in sorted((info.get("vendor_kernels") or {}).items()):
             served = f"{st['vendor_calls']} vendor calls ({', '.join(st['kernels'])})"
             if st["native_calls"]:
