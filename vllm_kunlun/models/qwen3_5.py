@@ -108,7 +108,7 @@ def text_config(vllm_config: VllmConfig) -> Any:
     return vllm_config.model_config.hf_text_config
 
 
-def _refuse_unsupported(vllm_config: VllmConfig, moe: bool) -> None:
+def _refuse_unsupported(vllm_config: VllmConfig, moe: bool = False) -> None:
     config = text_config(vllm_config)
     experts = int(getattr(config, "num_experts", 0) or 0)
     if bool(experts) != moe:

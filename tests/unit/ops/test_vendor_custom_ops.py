@@ -109,6 +109,7 @@ def test_every_keyword_passed_is_declared_in_the_contract(fake_ops: Any) -> None
         "quant2d",  # the W8A8 int8 path (tests/unit/test_int8_*)
         "matmul",
         "fused_recurrent_gated_delta_rule_fwdv2",  # the GDN decode (test_gdn_seam.py)
+        "moe_ffn_block",  # the routed MoE block (test_moe_seam.py)
     }
     assert used == norms_rotary_act
     for name, keywords in fake_ops.KEYWORDS:
