@@ -39,6 +39,7 @@ from vllm.compilation.decorators import support_torch_compile
 from vllm.config import VllmConfig, get_current_vllm_config
 from vllm.distributed import (
     divide,
+    get_pp_group,
     get_tensor_model_parallel_rank,
     get_tensor_model_parallel_world_size,
 )
@@ -68,13 +69,21 @@ from vllm.model_executor.models.interfaces import (
     HasInnerState,
     IsHybrid,
     SupportsMRoPE,
+    SupportsPP,
 )
 from vllm.model_executor.models.qwen2_moe import Qwen2MoeMLP
 from vllm.model_executor.models.qwen3_next import (
     Qwen3NextAttention,
     Qwen3NextGatedDeltaNet,
 )
-from vllm.model_executor.models.utils import extract_layer_index, maybe_prefix
+from vllm.model_executor.models.utils import (
+    PPMissingLayer,
+    extract_layer_index,
+    is_pp_missing_parameter,
+    make_empty_intermediate_tensors_factory,
+    make_layers,
+    maybe_prefix,
+)
 from vllm.model_executor.utils import set_weight_attrs
 from vllm.sequence import IntermediateTensors
 
@@ -383,18 +392,41 @@ class Qwen3_5DecoderLayer(nn.Module):
     }
 )
 class Qwen3_5Model(nn.Module):
+    """The text model. Under pipeline parallelism each stage builds only its own
+    layers (``make_layers``: the others are ``PPMissingLayer``, holding no weights and
+    no KV or GDN state), the embedding on the first stage (and on the last where the
+    checkpoint ties it to ``lm_head``), the final norm on the last; the stages pass
+    ``hidden_states`` and ``residual`` on."""
+
     def __init__(self, *, vllm_config: VllmConfig, prefix: str = "") -> None:
         super().__init__()
         config = text_config(vllm_config)
         self.config = config
-        self.embed_tokens = VocabParallelEmbedding(
-            config.vocab_size, config.hidden_size
+        pp = get_pp_group()
+        tied = bool(getattr(config, "tie_word_embeddings", False))
+        self.embed_tokens: nn.Module
+        if pp.is_first_rank or (tied and pp.is_last_rank):
+            self.embed_tokens = VocabParallelEmbedding(
+                config.vocab_size, config.hidden_size
+            )
+        else:
+            self.embed_tokens = PPMissingLayer()
+
+        def layer(prefix: str) -> nn.Module:
+            layer_type = config.layer_types[extract_layer_index(prefix)]
+            return Qwen3_5DecoderLayer(vllm_config, layer_type, prefix=prefix)
+
+        self.start_layer, self.end_layer, self.layers = make_layers(
+            config.num_hidden_layers, layer, prefix=f"{prefix}.layers"
         )
-        self.layers = nn.ModuleList(
-            Qwen3_5DecoderLayer(vllm_config, layer_type, prefix=f"{prefix}.layers.{i}")
-            for i, layer_type in enumerate(config.layer_types)
+        self.norm: nn.Module
+        if pp.is_last_rank:
+            self.norm = GemmaRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        else:
+            self.norm = PPMissingLayer()
+        self.make_empty_intermediate_tensors = make_empty_intermediate_tensors_factory(
+            ["hidden_states", "residual"], config.hidden_size
         )
-        self.norm = GemmaRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
 
     def embed_input_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
         return self.embed_tokens(input_ids)
@@ -405,18 +437,33 @@ class Qwen3_5Model(nn.Module):
         positions: torch.Tensor,
         intermediate_tensors: IntermediateTensors | None = None,
         inputs_embeds: torch.Tensor | None = None,
-    ) -> torch.Tensor:
-        hidden_states = (
-            inputs_embeds if inputs_embeds is not None else self.embed_tokens(input_ids)
-        )
-        residual = None
-        for layer in self.layers:
+    ) -> torch.Tensor | IntermediateTensors:
+        pp = get_pp_group()
+        residual: torch.Tensor | None
+        if pp.is_first_rank:
+            hidden_states = (
+                inputs_embeds
+                if inputs_embeds is not None
+                else self.embed_tokens(input_ids)
+            )
+            residual = None
+        else:
+            assert intermediate_tensors is not None
+            hidden_states = intermediate_tensors["hidden_states"]
+            residual = intermediate_tensors["residual"]
+        for layer in self.layers[self.start_layer : self.end_layer]:
             hidden_states, residual = layer(positions, hidden_states, residual)
+        if not pp.is_last_rank:
+            return IntermediateTensors(
+                {"hidden_states": hidden_states, "residual": residual}
+            )
         hidden_states, _ = self.norm(hidden_states, residual)
         return hidden_states
 
 
-class Qwen3_5ForCausalLM(nn.Module, HasInnerState, IsHybrid, SupportsMRoPE):
+class Qwen3_5ForCausalLM(
+    nn.Module, HasInnerState, IsHybrid, SupportsMRoPE, SupportsPP
+):
     """``Qwen3_5ForCausalLM`` checkpoints: weights ``model.*`` and ``lm_head.*``."""
 
     packed_modules_mapping = {
@@ -443,14 +490,21 @@ class Qwen3_5ForCausalLM(nn.Module, HasInnerState, IsHybrid, SupportsMRoPE):
         self.model = Qwen3_5Model(
             vllm_config=vllm_config, prefix=maybe_prefix(prefix, "model")
         )
-        self.lm_head = ParallelLMHead(
-            config.vocab_size,
-            config.hidden_size,
-            prefix=maybe_prefix(prefix, "lm_head"),
-        )
-        if getattr(config, "tie_word_embeddings", False):
-            self.lm_head = self.lm_head.tie_weights(self.model.embed_tokens)
+        self.lm_head: nn.Module
+        if get_pp_group().is_last_rank:
+            self.lm_head = ParallelLMHead(
+                config.vocab_size,
+                config.hidden_size,
+                prefix=maybe_prefix(prefix, "lm_head"),
+            )
+            if getattr(config, "tie_word_embeddings", False):
+                self.lm_head = self.lm_head.tie_weights(self.model.embed_tokens)
+        else:
+            self.lm_head = PPMissingLayer()
         self.logits_processor = LogitsProcessor(config.vocab_size)
+        self.make_empty_intermediate_tensors = (
+            self.model.make_empty_intermediate_tensors
+        )
 
     def embed_input_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
         return self.model.embed_input_ids(input_ids)
@@ -462,11 +516,11 @@ class Qwen3_5ForCausalLM(nn.Module, HasInnerState, IsHybrid, SupportsMRoPE):
         intermediate_tensors: IntermediateTensors | None = None,
         inputs_embeds: torch.Tensor | None = None,
         **kwargs: object,
-    ) -> torch.Tensor:
+    ) -> torch.Tensor | IntermediateTensors:
         return self.model(input_ids, positions, intermediate_tensors, inputs_embeds)
 
     def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor | None:
-        return self.logits_processor(self.lm_head, hidden_states)
+        return self.logits_processor(self.lm_head, hidden_states)  # type: ignore[arg-type]
 
     # ---- M-RoPE: text-only positions --------------------------------------------------
     def get_mrope_input_positions(
@@ -516,11 +570,14 @@ class Qwen3_5ForCausalLM(nn.Module, HasInnerState, IsHybrid, SupportsMRoPE):
         return MambaStateCopyFuncCalculator.gated_delta_net_state_copy_func()
 
     # ---- weights ------------------------------------------------------------------------
+    def _skip(self, what: str) -> None:
+        self._skipped[what] = self._skipped.get(what, 0) + 1
+
     def _checkpoint_name(self, name: str) -> str | None:
         """This module's parameter name for a checkpoint tensor, or None to skip it."""
         for skipped, what in _SKIPPED_PREFIXES.items():
             if name.startswith(skipped):
-                self._skipped[what] = self._skipped.get(what, 0) + 1
+                self._skip(what)
                 return None
         if name.startswith(self._text_prefix):
             return "model." + name[len(self._text_prefix) :]
@@ -533,6 +590,9 @@ class Qwen3_5ForCausalLM(nn.Module, HasInnerState, IsHybrid, SupportsMRoPE):
         for disk_name, tensor in weights:
             name = self._checkpoint_name(disk_name)
             if name is None or "rotary_emb.inv_freq" in name:
+                continue
+            if is_pp_missing_parameter(name, self):
+                self._skip("other pipeline stages")
                 continue
             for param_name, shard_name, shard_id in _STACKED:
                 if shard_name not in name:

@@ -45,6 +45,7 @@ from vllm.distributed import (
 )
 from vllm.model_executor.layers.linear import ReplicatedLinear
 from vllm.model_executor.models.qwen2_moe import Qwen2MoeMLP
+from vllm.model_executor.models.utils import is_pp_missing_parameter
 from vllm.model_executor.utils import set_weight_attrs
 
 from vllm_kunlun.logger import init_logger
@@ -335,6 +336,9 @@ class Qwen3_5MoeForCausalLM(Qwen3_5ForCausalLM):
         experts: dict[str, Qwen3_5MoeExperts],
         params: dict[str, nn.Parameter],
     ) -> set[str]:
+        if is_pp_missing_parameter(name, self):
+            self._skip("other pipeline stages")
+            return set()
         per = _PER_EXPERT.match(name)
         fused = None if per else _FUSED.match(name)
         match = per or fused

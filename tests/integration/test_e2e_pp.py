@@ -1,0 +1,219 @@
+"""Pipeline parallel in host emulation with vLLM's mp executor: every stage holds only
+its own layers (weights, KV pages, GDN state), and greedy output is token for token
+transformers 5.2.0's on the whole model.
+
+One engine per configuration (module-scoped), each with its own reference:
+- ``hybrid``: the tiny Qwen3.5 composite (GDN, GDN | GDN, attention) at PP 2, with
+  chunked prefill, prefix-cache hits, 1-token prompts and seeded sampling.
+- ``tied``: another shape (6 layers, attention every second, embeddings tied to
+  ``lm_head``) at PP 2 split unevenly (``VLLM_PP_LAYER_PARTITION=2,4``): the last
+  stage needs the embedding only for its ``lm_head``.
+- ``tp2pp2``: the 6-layer shape at TP 2 x PP 2, four workers.
+- ``moe``: the tiny Qwen3.5-MoE composite at PP 2.
+- ``qwen3``: vLLM's own Qwen3 (the dense model the demo serves) at PP 2.
+Ray across hosts runs the same stages through vLLM's Ray executor (issue 24).
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.integration.test_e2e_emulation import (
+    EMULATION,
+    GREEDY_PROMPTS,
+    TOKEN_BUDGET,
+    req,
+    run_spec,
+)
+from tests.integration.test_e2e_emulation import (
+    LLM_ARGS as QWEN3_ARGS,
+)
+from tests.integration.test_e2e_hybrid import GREEDY_JOBS, LLM_ARGS, SEEDED_A, SEEDED_B
+from vllm_kunlun.demo.tiny_model import write_tiny_model
+from vllm_kunlun.demo.tiny_qwen3_5 import TinyQwen3_5Spec
+from vllm_kunlun.demo.tiny_qwen3_5_moe import TinyQwen3_5MoeSpec
+
+pytestmark = pytest.mark.slow
+
+SIX = TinyQwen3_5Spec(layout="causal", num_hidden_layers=6, full_attention_interval=2)
+SHORT_JOBS = GREEDY_JOBS[1:3]  # mixed batch with a chunked prefill; 1-token prompt
+PP2 = {"pipeline_parallel_size": 2}
+
+
+@pytest.fixture(scope="module")
+def work(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("e2e_pp")
+
+
+def _tie(model: Path) -> Path:
+    """The checkpoint with ``lm_head`` tied to the embedding, as small Qwen releases
+    ship it: no ``lm_head.weight`` on disk, ``tie_word_embeddings`` in the config."""
+    from safetensors.torch import load_file, save_file
+
+    config = json.loads((model / "config.json").read_text())
+    config["tie_word_embeddings"] = True
+    (model / "config.json").write_text(json.dumps(config, indent=2))
+    tensors = load_file(model / "model.safetensors")
+    assert tensors.pop("lm_head.weight") is not None
+    save_file(tensors, model / "model.safetensors", metadata={"format": "pt"})
+    return model
+
+
+@pytest.fixture(scope="module")
+def six(work: Path) -> str:
+    return str(_tie(write_tiny_model(work / "six", SIX)))
+
+
+def _run(
+    work: Path,
+    name: str,
+    model: str,
+    llm: dict[str, Any],
+    jobs: list[dict[str, Any]],
+    hf_jobs: list[dict[str, Any]] | None = None,
+    env: dict[str, str] | None = None,
+) -> dict:
+    spec = {
+        "backend": "vllm",
+        "model": model,
+        "llm": llm,
+        "jobs": jobs,
+        "hf_jobs": jobs if hf_jobs is None else hf_jobs,
+        "hf_cache": True,
+    }
+    return run_spec(spec, work, name, env={**EMULATION, **(env or {})}, timeout=900)
+
+
+@pytest.fixture(scope="module")
+def hybrid(work: Path) -> dict:
+    model = str(write_tiny_model(work / "hybrid", TinyQwen3_5Spec(layout="composite")))
+    return _run(
+        work,
+        "hybrid",
+        model,
+        {**LLM_ARGS, **PP2},
+        [*GREEDY_JOBS, SEEDED_A, SEEDED_B],
+        hf_jobs=GREEDY_JOBS,
+    )
+
+
+@pytest.fixture(scope="module")
+def tied(six: str, work: Path) -> dict:
+    return _run(
+        work,
+        "tied",
+        six,
+        {**LLM_ARGS, **PP2},
+        SHORT_JOBS,
+        env={"VLLM_PP_LAYER_PARTITION": "2,4"},
+    )
+
+
+@pytest.fixture(scope="module")
+def tp2pp2(six: str, work: Path) -> dict:
+    return _run(
+        work, "tp2pp2", six, {**LLM_ARGS, **PP2, "tensor_parallel_size": 2}, SHORT_JOBS
+    )
+
+
+@pytest.fixture(scope="module")
+def moe(work: Path) -> dict:
+    model = write_tiny_model(work / "moe", TinyQwen3_5MoeSpec(layout="composite"))
+    return _run(work, "moe", str(model), {**LLM_ARGS, **PP2}, SHORT_JOBS)
+
+
+@pytest.fixture(scope="module")
+def qwen3(work: Path) -> dict:
+    jobs = [{"name": "greedy", "requests": [req(p, 16) for p in GREEDY_PROMPTS]}]
+    model = str(write_tiny_model(work / "qwen3"))
+    return _run(work, "qwen3", model, {**QWEN3_ARGS, **PP2}, jobs)
+
+
+def _assert_greedy_matches(run: dict) -> None:
+    for name, want_rows in run["hf"].items():
+        rows = run["jobs"][name]
+        for got, want in zip(rows, want_rows, strict=True):
+            assert got["prompt_token_ids"] == want["prompt_token_ids"]
+            assert got["token_ids"] == want["token_ids"], (name, got["text"])
+
+
+def _stage_layers(run: dict) -> list[dict[str, int]]:
+    """Per worker (rank order), how many layers of each kind its KV cache holds."""
+    counts = []
+    for info in run["serving"]:
+        kinds: Counter[str] = Counter()
+        for group in info["kv_blocks"]:
+            kinds[group["kind"]] += group["layers"]
+        counts.append(dict(kinds))
+    return counts
+
+
+def test_hybrid_greedy_matches_transformers(hybrid: dict) -> None:
+    _assert_greedy_matches(hybrid)
+
+
+def test_hybrid_exercised_chunks_prefix_hits_and_one_token_prompts(
+    hybrid: dict,
+) -> None:
+    greedy = hybrid["jobs"]["greedy"]
+    assert len(greedy[2]["prompt_token_ids"]) > TOKEN_BUDGET  # prefilled in chunks
+    assert all(row["num_cached_tokens"] >= 32 for row in greedy[3:5])
+    assert len(hybrid["jobs"]["one_token_alone"][0]["prompt_token_ids"]) == 1
+
+
+def test_hybrid_seeded_sampling_is_reproducible(hybrid: dict) -> None:
+    a, b = hybrid["jobs"]["seeded_a"], hybrid["jobs"]["seeded_b"]
+    assert b[2]["token_ids"] == a[0]["token_ids"]
+    assert b[1]["token_ids"] == a[1]["token_ids"]
+    assert a[1]["token_ids"] != a[2]["token_ids"]  # another seed, other draws
+
+
+def test_each_hybrid_stage_holds_only_its_layers(hybrid: dict) -> None:
+    # 4 layers (GDN x 3, attention) in two stages of two: the first stage has no
+    # attention layer at all (vLLM keeps the group, empty: the stages share one KV
+    # cache layout), the second one GDN and one attention layer.
+    assert _stage_layers(hybrid) == [
+        {"MambaSpec": 2, "FullAttentionSpec": 0},
+        {"MambaSpec": 1, "FullAttentionSpec": 1},
+    ]
+
+
+def test_tied_uneven_stages_match_transformers(tied: dict) -> None:
+    _assert_greedy_matches(tied)
+
+
+def test_uneven_partition_gives_the_last_stage_four_layers(tied: dict) -> None:
+    assert _stage_layers(tied) == [
+        {"MambaSpec": 1, "FullAttentionSpec": 1},
+        {"MambaSpec": 2, "FullAttentionSpec": 2},
+    ]
+
+
+def test_tp2_pp2_matches_transformers(tp2pp2: dict) -> None:
+    _assert_greedy_matches(tp2pp2)
+    assert len(tp2pp2["serving"]) == 4
+    # ranks 0, 1: stage one (GDN, attention, GDN); ranks 2, 3: stage two (attention,
+    # GDN, attention)
+    first, second = (
+        {"MambaSpec": 2, "FullAttentionSpec": 1},
+        {"MambaSpec": 1, "FullAttentionSpec": 2},
+    )
+    assert _stage_layers(tp2pp2) == [first, first, second, second]
+
+
+def test_moe_greedy_matches_transformers(moe: dict) -> None:
+    _assert_greedy_matches(moe)
+    experts = [info["moe_experts"] for info in moe["serving"]]
+    assert all(
+        e is not None and e["local_experts"] == e["num_experts"] for e in experts
+    )
+
+
+def test_qwen3_greedy_matches_transformers(qwen3: dict) -> None:
+    _assert_greedy_matches(qwen3)
+    assert len(qwen3["serving"]) == 2
