@@ -69,8 +69,8 @@ DEFAULT_BATCHED_TOKENS_LARGE_CARD = 8192
 """vLLM 0.15.1's ``vllm serve`` default --max-num-batched-tokens on a card of >= 70 GiB
 (``EngineArgs.get_batch_defaults``; 2048 on a smaller one)."""
 CARDS_PER_HOST = 8
-"""Kunlun P800 cards in one host: the largest tensor-parallel group without pipeline
-parallelism across hosts, which the plugin does not serve yet."""
+"""Kunlun P800 cards in one host: the largest tensor-parallel group; more cards take
+pipeline stages (``--pipeline-parallel-size``), across hosts with the Ray executor."""
 
 DTYPE_BYTES = {
     "float32": 4,
@@ -168,6 +168,18 @@ class ModelShape:
             + 3 * shared * b
         )
         return tokens * per_token
+
+    def stage(self, pp: int) -> ModelShape:
+        """The busiest pipeline stage of ``pp``: vLLM's default partition gives each
+        stage an even share of the layers, so a stage holds at most ceil(1/pp) of
+        the GDN and of the attention layers (and their KV cache and state)."""
+        if pp <= 1:
+            return self
+        linear = -(-self.linear_layers // pp)
+        attention = -(-self.attention_layers // pp)
+        return dataclasses.replace(
+            self, num_layers=linear + attention, linear_layers=linear
+        )
 
     def with_mamba_cache_dtype(self, mamba_cache_dtype: str) -> ModelShape:
         """vLLM's ``--mamba-cache-dtype``: 'auto' keeps the model dtype."""
@@ -370,6 +382,8 @@ class Budget:
     """MoE workspace at ``activation_tokens`` tokens (0: dense, not counted): vLLM's
     profiling run measures it, so it comes out of the KV cache."""
     activation_tokens: int = 0
+    pp: int = 1
+    """Pipeline stages: weights, KV cache and state are the busiest stage's."""
 
     @property
     def budget_bytes(self) -> float:
@@ -425,7 +439,9 @@ class Budget:
         kv_tokens = self.kv_tokens
         moe = bool(self.activation_bytes)
         return [
-            f"device {gib(d)} per card, TP {self.tp}, max_num_seqs {self.max_num_seqs}",
+            f"device {gib(d)} per card, TP {self.tp}"
+            f"{f' x PP {self.pp}' if self.pp > 1 else ''}, "
+            f"max_num_seqs {self.max_num_seqs}",
             f"vLLM budget = {u:.2f} x {gib(d)} = {gib(self.budget_bytes)}",
             f"weights per card = {w}",
             *(
@@ -473,9 +489,16 @@ def estimate(
     max_num_seqs: int,
     weights_bytes: int | None,
     reserve_gib: float = DEFAULT_RESERVE_GIB,
+    pp: int = 1,
 ) -> Budget:
+    """``shape`` is the whole model and ``weights_bytes`` one TP rank's share of all
+    layers; with ``pp`` stages each card holds the busiest stage's part of both."""
     tokens = shape.batched_tokens(device_bytes) if shape.is_moe else 0
+    shape = shape.stage(pp)
+    if weights_bytes is not None:
+        weights_bytes = -(-weights_bytes // pp)
     return Budget(
+        pp=pp,
         device_bytes=device_bytes,
         utilization=utilization,
         tp=tp,
@@ -565,8 +588,8 @@ def with_runtime_error(finding: Finding, error: str) -> Finding:
 
 def more_memory_fix(budget: Budget, alternative: str = "") -> str:
     """What to change when the weights leave no room: ``alternative`` (e.g. a W8A8
-    checkpoint), more cards (within one host; across hosts needs pipeline parallelism,
-    which the plugin does not serve yet), fewer sequences."""
+    checkpoint), more cards (tensor parallel within one host, then pipeline stages,
+    across hosts with the Ray executor), fewer sequences."""
     parts = [alternative] if alternative else []
     if budget.tp < CARDS_PER_HOST:
         parts.append(
@@ -574,9 +597,9 @@ def more_memory_fix(budget: Budget, alternative: str = "") -> str:
         )
     else:
         parts.append(
-            f"more cards than one host's {CARDS_PER_HOST} need pipeline parallelism "
-            "across hosts (--pipeline-parallel-size), which vllm-kunlun does not serve "
-            "yet"
+            f"more cards than one host's {CARDS_PER_HOST}: --pipeline-parallel-size "
+            f"{budget.pp + 1} (each stage {CARDS_PER_HOST} cards, one host per stage "
+            "with --distributed-executor-backend ray)"
         )
     parts.append(
         f"lower --max-num-seqs (frees part of the "
@@ -717,6 +740,7 @@ def check_kv_budget(ctx: Context, device_runtime: Any = None) -> Finding:
         max_num_seqs=ctx.max_num_seqs,
         weights_bytes=weights,
         reserve_gib=DEFAULT_RESERVE_GIB if ctx.reserve_gib is None else ctx.reserve_gib,
+        pp=ctx.pipeline_parallel_size,
     )
     details: dict[str, Any] = {
         "device_memory_source": device_source,

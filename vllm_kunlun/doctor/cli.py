@@ -17,6 +17,7 @@ from vllm_kunlun.cli.args import (
 
 # Bounds far above any deployment, low enough that the arithmetic stays exact.
 MAX_TP = 1024
+MAX_PP = 64
 MAX_SEQS = 1 << 20
 MAX_GIB = 1 << 20
 
@@ -30,6 +31,12 @@ def add_parser(sub: Any) -> None:
     )
     p.add_argument("--model", help="model directory (or Hub id) the engine will load")
     p.add_argument("--tensor-parallel-size", type=int_range(1, MAX_TP), default=1)
+    p.add_argument(
+        "--pipeline-parallel-size",
+        type=int_range(1, MAX_PP),
+        default=1,
+        help="pipeline stages (the budget is the busiest stage's, per card)",
+    )
     p.add_argument("--max-num-seqs", type=int_range(1, MAX_SEQS), default=256)
     p.add_argument("--gpu-memory-utilization", type=fraction, default=0.9)
     p.add_argument(
@@ -69,6 +76,7 @@ def run(args: argparse.Namespace) -> int:
     ctx = Context(
         model=args.model,
         tensor_parallel_size=args.tensor_parallel_size,
+        pipeline_parallel_size=args.pipeline_parallel_size,
         max_num_seqs=args.max_num_seqs,
         gpu_memory_utilization=args.gpu_memory_utilization,
         mamba_cache_dtype=args.mamba_cache_dtype,

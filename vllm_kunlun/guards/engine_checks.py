@@ -121,6 +121,7 @@ def engine_budget(vllm_config: VllmConfig) -> Budget | None:
         max_num_seqs=vllm_config.scheduler_config.max_num_seqs,
         weights_bytes=weights_bytes_per_card(path, tp) if os.path.isdir(path) else None,
         reserve_gib=DEFAULT_RESERVE_GIB,
+        pp=vllm_config.parallel_config.pipeline_parallel_size,
     )
 
 

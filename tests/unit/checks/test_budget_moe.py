@@ -201,10 +201,10 @@ def test_397b_bf16_does_not_fit_on_one_host(tmp_path: Path) -> None:
     assert f.status == "fail"
     assert "at any --gpu-memory-utilization" in f.cause
     assert "weights 92.53 GiB" in f.cause
-    # the fixes, in order: the W8A8 checkpoint (which fits), more cards (not served
-    # across hosts yet), fewer sequences
+    # the fixes, in order: the W8A8 checkpoint (which fits), a second pipeline stage
+    # (on a second host, through Ray), fewer sequences
     assert f.fix.startswith("use a W8A8-INT8 checkpoint (~46.71 GiB per card")
-    assert "--pipeline-parallel-size" in f.fix and "does not serve yet" in f.fix
+    assert "--pipeline-parallel-size 2" in f.fix and "ray" in f.fix
     assert "--max-num-seqs" in f.fix
 
 
