@@ -117,6 +117,7 @@ def _optional_dir(name: str, raw: str) -> str | None:
 
 # Ten minutes: longer than any engine takes to stop; a larger value is a typo.
 SHUTDOWN_TIMEOUT_MAX = 600.0
+RAY_PG_TIMEOUT_MAX = 3600.0
 # Far above any host this emulation runs on; a larger value is a typo.
 EMULATION_KV_CACHE_GIB_MAX = 1024.0
 # 64 Ki siblings of one request: far above any engine's max_num_seqs; more is a typo
@@ -237,6 +238,15 @@ _VARS: dict[str, EnvVar] = {
             f"a number in [1, {SHUTDOWN_TIMEOUT_MAX:g}]",
         ),
         EnvVar(
+            "VLLM_KUNLUN_RAY_PG_TIMEOUT",
+            _bounded_float(RAY_PG_TIMEOUT_MAX, 1.0, "Ray needs about 1 s"),
+            60.0,
+            "Seconds an engine on vLLM's Ray executor waits for its placement group "
+            "(one device bundle per worker) before it fails with an error naming what "
+            "it asked, what the cluster has and the fix (vLLM alone waits 1800 s).",
+            f"a number in [1, {RAY_PG_TIMEOUT_MAX:g}]",
+        ),
+        EnvVar(
             "VLLM_KUNLUN_PATCH_DIR",
             _optional_dir,
             None,
@@ -339,5 +349,6 @@ if TYPE_CHECKING:  # names for type checkers; values come from __getattr__
     VLLM_KUNLUN_INT8_MM: str
     VLLM_KUNLUN_GDN: str
     VLLM_KUNLUN_TP_SAMPLE_BROADCAST: bool
+    VLLM_KUNLUN_RAY_PG_TIMEOUT: float
     VLLM_KUNLUN_PATCH_DIR: str | None
     VLLM_KUNLUN_MAX_N: int | None

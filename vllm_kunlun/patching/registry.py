@@ -191,6 +191,15 @@ REGISTRY: tuple[RuntimePatch, ...] = (
         "vLLM commits mamba blocks only once their state is written",
     ),
     RuntimePatch(
+        "kunlun_ray_placement_wait",
+        "vllm_kunlun.platforms.ray_patches",
+        ("vllm.v1.executor.ray_utils._wait_until_pg_ready",),
+        "vLLM waits 1800 s for a Ray placement group Ray cannot place (a cluster "
+        "started without --num-gpus: Ray detects no Kunlun card) and only logs",
+        _FRONT,
+        "vLLM bounds the wait and names the missing resources",
+    ),
+    RuntimePatch(
         "kunlun_weak_ref_tensor",
         "vllm_kunlun.patching.weak_ref",
         ("vllm.utils.torch_utils.weak_ref_tensor",),

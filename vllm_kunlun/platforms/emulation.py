@@ -43,7 +43,10 @@ class KunlunHostEmulationPlatform(KunlunPlatformBase):
     device_name: str = "cpu"
     device_type: str = "cpu"
     dispatch_key: str = "CPU"
-    ray_device_key: str = "CPU"
+    # Ray: one emulated card per worker as a "GPU" resource, as on Kunlun. Not "CPU":
+    # vLLM's Ray worker reads its ids from Ray's accelerator table (no "CPU" there),
+    # and a 2-core host has fewer CPUs than workers plus Ray's own.
+    ray_device_key: str = "GPU"
     dist_backend: str = "gloo"
     device_control_env_var: str = "CPU_VISIBLE_MEMORY_NODES"
     _dtype_refusal = (
@@ -100,6 +103,11 @@ class KunlunHostEmulationPlatform(KunlunPlatformBase):
     # Kunlun. Not the device-memory budget: the emulated KV cache is a fixed size
     # (VLLM_KUNLUN_EMULATION_KV_CACHE_GIB) and there is no device to fill.
     _budget_guard = False
+
+    @classmethod
+    def ray_host_cards(cls, vllm_config: VllmConfig) -> int:
+        # Every worker's emulated card, on the host a local Ray starts on.
+        return int(vllm_config.parallel_config.world_size)
 
     @classmethod
     def _defaults_first(cls, vllm_config: VllmConfig) -> None:

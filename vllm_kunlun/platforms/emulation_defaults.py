@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 from vllm_kunlun import envs
 from vllm_kunlun.logger import init_logger
-from vllm_kunlun.platforms.kunlun_defaults import _set, default_worker
+from vllm_kunlun.platforms.kunlun_defaults import _set, default_worker, uses_ray
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
@@ -120,7 +120,21 @@ def apply_emulation_defaults(vllm_config: VllmConfig) -> None:
         "spawn",
         "workers must not fork a process that already runs torch threads",
     )
-    if "VLLM_HOST_IP" not in os.environ:
+    if uses_ray(vllm_config):
+        _set_env(
+            "VLLM_USE_RAY_COMPILED_DAG_CHANNEL_TYPE",
+            "shm",
+            "Ray's compiled graph passes pipeline stages' tensors through host memory "
+            "(its default transport opens a CUDA device), as vLLM does for TPU / XPU",
+        )
+        # Ray places the first worker on the node named by vLLM's host IP: it must be
+        # the address Ray's node has, not loopback (a placement group on
+        # node:127.0.0.1 is never met).
+        logger.info(
+            "vllm-kunlun emulation: VLLM_HOST_IP left as is under Ray (the address of "
+            "this host's Ray node)"
+        )
+    elif "VLLM_HOST_IP" not in os.environ:
         # vLLM otherwise picks this host's network address for the engine's process
         # groups; emulation is single-host, so its traffic stays on loopback.
         _set_env(

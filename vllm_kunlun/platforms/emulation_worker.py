@@ -69,7 +69,9 @@ class EmulationWorker(CPUWorker):
         from vllm.utils.torch_utils import set_random_seed
         from vllm.v1.worker.gpu_worker import init_worker_distributed_environment
 
-        # What CPUWorker.init_device does, without the OpenMP binding (vllm._C).
+        # What CPUWorker.init_device does, without the OpenMP binding (vllm._C); and
+        # the device vLLM's Ray worker wrapper asserts before each step.
+        self.device = torch.device("cpu")
         os.environ["VLLM_DIST_IDENT"] = self.distributed_init_method.split(":")[-1]
         init_worker_distributed_environment(
             self.vllm_config,

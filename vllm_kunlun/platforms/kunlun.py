@@ -280,14 +280,23 @@ class KunlunPlatformBase(Platform):
         where ``_budget_guard``, the device-memory budget (the model-path guard is
         installed in ``pre_register_and_update``)."""
         from vllm_kunlun.guards.engine_checks import check_engine_config
-        from vllm_kunlun.platforms.kunlun_defaults import apply_kunlun_defaults
+        from vllm_kunlun.platforms.kunlun_defaults import (
+            apply_kunlun_defaults,
+            apply_ray_defaults,
+        )
         from vllm_kunlun.quantization.schemes import refuse_schemes
 
         refuse_schemes(vllm_config.quant_config, cls._attn_where)
         cls._defaults_first(vllm_config)
         apply_kunlun_defaults(vllm_config)
+        apply_ray_defaults(vllm_config, cls.ray_host_cards(vllm_config))
         cls._defaults_last(vllm_config)
         check_engine_config(vllm_config, budget=cls._budget_guard)
+
+    @classmethod
+    def ray_host_cards(cls, vllm_config: VllmConfig) -> int:
+        """The cards a Ray that vLLM starts on this host counts (as "GPU")."""
+        return cls.device_count()
 
     @classmethod
     def _defaults_first(cls, vllm_config: VllmConfig) -> None:
@@ -303,6 +312,10 @@ class KunlunPlatform(KunlunPlatformBase):
     device_name: str = "cuda"
     device_type: str = "cuda"
     dispatch_key: str = "CUDA"
+    # Under Ray the cards are "GPU" resources (Ray cannot detect them: `ray start
+    # --num-gpus N`, platforms/kunlun_defaults.py); vLLM sets XPU_VISIBLE_DEVICES to
+    # the host's cards in each worker, which the worker copies over Ray's one-card
+    # CUDA_VISIBLE_DEVICES (platforms/worker.py).
     ray_device_key: str = "GPU"
     dist_backend: str = "nccl"
     # torch.compile without Inductor: Dynamo graphs run as traced (vllm_kunlun.platforms.graphs).

@@ -7,6 +7,8 @@ what the platform changed and undo it on purpose.
 
 from __future__ import annotations
 
+import json
+import os
 from typing import TYPE_CHECKING, Any
 
 from vllm_kunlun.attention import DEFAULT_BLOCK_SIZE
@@ -50,6 +52,38 @@ def default_worker(vllm_config: VllmConfig, worker_cls: str, why: str) -> None:
     """The platform's worker unless the user chose one (``--worker-cls``)."""
     if vllm_config.parallel_config.worker_cls == "auto":
         _set(vllm_config.parallel_config, "worker_cls", worker_cls, why)
+
+
+# Ray knows no Kunlun card: the platforms ask Ray for "GPU" resources (vLLM's Ray
+# executor gives a "GPU" worker num_gpus=1 and reads its ids back through Ray's own
+# accelerator table, which a custom resource name is not in), so the cards reach Ray as
+# GPUs: `ray start --num-gpus N` on a cluster, RAY_OVERRIDE_RESOURCES when vLLM starts
+# Ray itself (what vLLM does for Intel XPUs: ray.init(num_gpus=world_size)).
+# Device visibility under Ray: platforms/worker.py.
+RAY_RESOURCES_ENV = "RAY_OVERRIDE_RESOURCES"
+
+
+def uses_ray(vllm_config: VllmConfig) -> bool:
+    backend = vllm_config.parallel_config.distributed_executor_backend
+    return backend == "ray" or bool(getattr(backend, "uses_ray", False))
+
+
+def apply_ray_defaults(vllm_config: VllmConfig, cards: int) -> None:
+    """Under vLLM's Ray executor, a Ray that vLLM starts itself (no RAY_ADDRESS and no
+    RAY_OVERRIDE_RESOURCES of the user's) counts ``cards`` GPUs on this host."""
+    if not uses_ray(vllm_config):
+        return
+    if os.environ.get("RAY_ADDRESS") or RAY_RESOURCES_ENV in os.environ:
+        return
+    os.environ[RAY_RESOURCES_ENV] = json.dumps({"GPU": cards})
+    logger.info(
+        "vllm-kunlun default: %s=%s: Ray detects no Kunlun card; a Ray that vLLM "
+        "starts on this host counts its %d card(s) as GPUs (a cluster: `ray start "
+        "--num-gpus N` on each host, see docs/distributed.md)",
+        RAY_RESOURCES_ENV,
+        os.environ[RAY_RESOURCES_ENV],
+        cards,
+    )
 
 
 def apply_kunlun_defaults(vllm_config: VllmConfig) -> None:

@@ -40,6 +40,7 @@ MALFORMED: dict[str, list[str]] = {
     "VLLM_KUNLUN_PATCH_DIR": ["/no/such/patch/set"],
     "VLLM_KUNLUN_MAX_N": ["0", "-3", "1.5", "lots", "1e9", "65537"],
     "VLLM_KUNLUN_SHUTDOWN_TIMEOUT": ["0", "0.5", "-1", "inf", "nan", "601", "soon"],
+    "VLLM_KUNLUN_RAY_PG_TIMEOUT": ["0", "0.5", "-1", "inf", "3601", "never"],
 }
 CASES = [(name, raw) for name, values in MALFORMED.items() for raw in values]
 
@@ -73,6 +74,7 @@ def test_platform_start_refuses_each_malformed_value(
         "VLLM_KUNLUN_PATCH_DIR": "existing directory",
         "VLLM_KUNLUN_MAX_N": "whole number from 1 to 65536",
         "VLLM_KUNLUN_SHUTDOWN_TIMEOUT": "positive number no larger than 600",
+        "VLLM_KUNLUN_RAY_PG_TIMEOUT": "positive number no larger than 3600",
     }.get(name, "1/0, true/false")
     assert accepted_words in message
 
