@@ -10,14 +10,13 @@ usual cause is a cluster started without ``--num-gpus`` (Ray detects no Kunlun c
 see platforms/kunlun_defaults.py), or a VLLM_HOST_IP that is not the address of a Ray
 node (vLLM pins the first worker to ``node:<VLLM_HOST_IP>``).
 
-Applied in the processes that parse engine arguments or run an engine core
-(``Phase.FRONT_END``: vLLM loads general plugins at the top of ``EngineCore.__init__``,
-before it builds the executor). Removal: when vLLM's wait is bounded and says the fix.
+Applied in the engine core (``Phase.FRONT_END``: vLLM loads general plugins at the top
+of ``EngineCore.__init__``, before it builds the executor), when it runs the Ray
+executor. Removal: when vLLM's wait is bounded and says the fix.
 """
 
 from __future__ import annotations
 
-import importlib.util
 import sys
 from collections.abc import Mapping, Sequence
 from types import ModuleType
@@ -133,16 +132,12 @@ PATCHES = (PATCH,)
 
 
 def apply_wait(phase: object = None) -> bool:
-    """Install the bounded wait where an engine could run vLLM's Ray executor: the
-    platform resolved, vLLM's executors imported (not during argument parsing), Ray
-    installed."""
-    if PATCH.applied() or not platform_resolved():
+    """Install the bounded wait where an engine core runs vLLM's Ray executor: there
+    ``ray_utils`` is already imported (the engine core process receives the executor
+    class, which imports it; in-process, the front end resolved it before it builds
+    the engine core), so other engines neither import Ray nor pay for it."""
+    if PATCH.applied() or not platform_resolved() or RAY_UTILS not in sys.modules:
         return False
-    if "vllm.v1.executor.abstract" not in sys.modules:
-        return False
-    if importlib.util.find_spec("ray") is None:
-        return False
-    importlib.import_module(RAY_UTILS)
     return PATCH.apply_or_warn("vLLM waits up to 1800 s for the placement group")
 
 
