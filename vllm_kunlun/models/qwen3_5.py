@@ -461,9 +461,7 @@ class Qwen3_5Model(nn.Module):
         return hidden_states
 
 
-class Qwen3_5ForCausalLM(
-    nn.Module, HasInnerState, IsHybrid, SupportsMRoPE, SupportsPP
-):
+class Qwen3_5ForCausalLM(nn.Module, HasInnerState, IsHybrid, SupportsMRoPE, SupportsPP):
     """``Qwen3_5ForCausalLM`` checkpoints: weights ``model.*`` and ``lm_head.*``."""
 
     packed_modules_mapping = {

@@ -37,6 +37,7 @@ import torch
 
 from vllm_kunlun.ops import chooser, vendor
 from vllm_kunlun.ops.int8 import portable
+from vllm_kunlun.ops.plugin_op import NAMESPACE, PluginOp
 
 VENDOR = chooser.VENDOR
 PORTABLE = chooser.PORTABLE
@@ -199,7 +200,7 @@ def reset_selection() -> None:
 
 # ---- one custom op for both paths ---------------------------------------------------
 
-OP_NAMESPACE = "vllm_kunlun"
+OP_NAMESPACE = NAMESPACE
 OP_NAME = "int8_scaled_mm"
 _SCHEMA = (
     "int8_scaled_mm(Tensor x, Tensor weight, Tensor weight_scale, Tensor? input_scale, "
@@ -225,16 +226,9 @@ def _fake(x: torch.Tensor, weight: torch.Tensor, *scales_and_bias: Any) -> torch
     return x.new_empty((*x.shape[:-1], weight.shape[0]))
 
 
-_library: torch.library.Library | None = None
+_OP = PluginOp(_SCHEMA, _impl, _fake)
 
 
 def register_op() -> Callable[..., torch.Tensor]:
     """Define ``torch.ops.vllm_kunlun.int8_scaled_mm`` once per process; returns it."""
-    global _library
-    if _library is None:
-        lib = torch.library.Library(OP_NAMESPACE, "FRAGMENT")
-        lib.define(_SCHEMA)
-        lib.impl(OP_NAME, _impl, "CompositeExplicitAutograd")
-        torch.library.register_fake(f"{OP_NAMESPACE}::{OP_NAME}", _fake, lib=lib)
-        _library = lib
-    return getattr(getattr(torch.ops, OP_NAMESPACE), OP_NAME)  # type: ignore[no-any-return]
+    return _OP.get()

@@ -38,6 +38,7 @@ import torch
 from vllm_kunlun.logger import init_logger
 from vllm_kunlun.ops import chooser, vendor
 from vllm_kunlun.ops.moe import portable
+from vllm_kunlun.ops.plugin_op import NAMESPACE, PluginOp
 
 logger = init_logger(__name__)
 
@@ -190,7 +191,7 @@ def forward_eager(
 
 # ---- one custom op for both paths ---------------------------------------------------
 
-OP_NAMESPACE = "vllm_kunlun"
+OP_NAMESPACE = NAMESPACE
 OP_NAME = "moe_forward"
 _SCHEMA = (
     "moe_forward(Tensor x, Tensor router_weight, Tensor w13, Tensor w2, int top_k, "
@@ -203,19 +204,12 @@ def _fake(x: torch.Tensor, *weights_and_args: Any) -> torch.Tensor:
     return x.new_empty(x.shape)
 
 
-_library: torch.library.Library | None = None
+_OP = PluginOp(_SCHEMA, forward_eager, _fake)
 
 
 def register_op() -> Callable[..., torch.Tensor]:
     """Define ``torch.ops.vllm_kunlun.moe_forward`` once per process; returns it."""
-    global _library
-    if _library is None:
-        lib = torch.library.Library(OP_NAMESPACE, "FRAGMENT")
-        lib.define(_SCHEMA)
-        lib.impl(OP_NAME, forward_eager, "CompositeExplicitAutograd")
-        torch.library.register_fake(f"{OP_NAMESPACE}::{OP_NAME}", _fake, lib=lib)
-        _library = lib
-    return getattr(getattr(torch.ops, OP_NAMESPACE), OP_NAME)  # type: ignore[no-any-return]
+    return _OP.get()
 
 
 def moe_forward(
