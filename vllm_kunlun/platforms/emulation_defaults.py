@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 from vllm_kunlun import envs
 from vllm_kunlun.logger import init_logger
-from vllm_kunlun.platforms.kunlun_defaults import _set, default_worker, uses_ray
+from vllm_kunlun.platforms.kunlun_defaults import _set, default_worker
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
@@ -120,7 +120,7 @@ def apply_emulation_defaults(vllm_config: VllmConfig) -> None:
         "spawn",
         "workers must not fork a process that already runs torch threads",
     )
-    if uses_ray(vllm_config):
+    if vllm_config.parallel_config.use_ray:
         _set_env(
             "VLLM_USE_RAY_COMPILED_DAG_CHANNEL_TYPE",
             "shm",

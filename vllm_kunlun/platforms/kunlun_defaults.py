@@ -63,15 +63,10 @@ def default_worker(vllm_config: VllmConfig, worker_cls: str, why: str) -> None:
 RAY_RESOURCES_ENV = "RAY_OVERRIDE_RESOURCES"
 
 
-def uses_ray(vllm_config: VllmConfig) -> bool:
-    backend = vllm_config.parallel_config.distributed_executor_backend
-    return backend == "ray" or bool(getattr(backend, "uses_ray", False))
-
-
 def apply_ray_defaults(vllm_config: VllmConfig, cards: int) -> None:
     """Under vLLM's Ray executor, a Ray that vLLM starts itself (no RAY_ADDRESS and no
     RAY_OVERRIDE_RESOURCES of the user's) counts ``cards`` GPUs on this host."""
-    if not uses_ray(vllm_config):
+    if not vllm_config.parallel_config.use_ray:
         return
     if os.environ.get("RAY_ADDRESS") or RAY_RESOURCES_ENV in os.environ:
         return

@@ -34,7 +34,6 @@ from vllm_kunlun.patching.attribute import (
 logger = init_logger(__name__)
 
 RAY_UTILS = "vllm.v1.executor.ray_utils"
-DEVICE_KEY = "GPU"  # both platforms' ray_device_key
 
 
 def _check(module: ModuleType, original: Any) -> str | None:
@@ -65,7 +64,7 @@ def ask_summary(bundles: Sequence[Mapping[str, float]]) -> str:
     return f"{len(bundles)} bundles ({what}{where})"
 
 
-def cluster_summary(nodes: Sequence[Mapping[str, Any]]) -> str:
+def cluster_summary(nodes: Sequence[Mapping[str, Any]], device_key: str) -> str:
     """Each live node's address and the resources it declares (what `ray status`
     calls total)."""
     parts = []
@@ -74,8 +73,8 @@ def cluster_summary(nodes: Sequence[Mapping[str, Any]]) -> str:
             continue
         res = node.get("Resources", {})
         parts.append(
-            f"{node.get('NodeManagerAddress', '?')}: {res.get(DEVICE_KEY, 0):g} "
-            f"{DEVICE_KEY}, {res.get('CPU', 0):g} CPU"
+            f"{node.get('NodeManagerAddress', '?')}: {res.get(device_key, 0):g} "
+            f"{device_key}, {res.get('CPU', 0):g} CPU"
         )
     return "; ".join(parts) if parts else "no live node"
 
@@ -84,24 +83,28 @@ def unmet_message(
     bundles: Sequence[Mapping[str, float]],
     nodes: Sequence[Mapping[str, Any]],
     timeout: float,
+    device_key: str,
 ) -> str:
-    devices = sum(b.get(DEVICE_KEY, 0) for b in bundles)
+    """``device_key``: the platform's ``ray_device_key``, the resource each worker
+    asks for."""
+    devices = sum(b.get(device_key, 0) for b in bundles)
     return (
         f"Ray could not place the engine's workers within {timeout:g} s "
         f"(VLLM_KUNLUN_RAY_PG_TIMEOUT): asked {ask_summary(bundles)}; the cluster has "
-        f"{cluster_summary(nodes)}. Ray detects no Kunlun card: start every host with "
-        f"its cards as GPUs (`ray start --head --num-gpus 8`, then `ray start "
-        f"--address HEAD_IP:6379 --num-gpus 8` on the others), or ask for at most the "
-        f"cluster's {DEVICE_KEY}s (tensor x pipeline parallel = {devices:g} now). The "
-        "first worker goes on the engine's node: VLLM_HOST_IP, if set, must be that "
-        "node's Ray address. `vllm-kunlun doctor` checks the cluster; see "
-        "docs/distributed.md."
+        f"{cluster_summary(nodes, device_key)}. Ray detects no Kunlun card: start "
+        f"every host with its cards as GPUs (`ray start --head --num-gpus 8`, then "
+        f"`ray start --address HEAD_IP:6379 --num-gpus 8` on the others), or ask for "
+        f"at most the cluster's {device_key}s (tensor x pipeline parallel = "
+        f"{devices:g} now). The first worker goes on the engine's node: VLLM_HOST_IP, "
+        "if set, must be that node's Ray address. `ray status` shows what each node "
+        "has; see docs/distributed.md."
     )
 
 
 def _make(original: Any) -> Any:
     def wait_until_pg_ready(current_placement_group: Any) -> None:
         import ray
+        from vllm.platforms import current_platform
 
         timeout = envs.VLLM_KUNLUN_RAY_PG_TIMEOUT
         bundles = current_placement_group.bundle_specs
@@ -114,7 +117,9 @@ def _make(original: Any) -> Any:
         ready, _ = ray.wait([current_placement_group.ready()], timeout=timeout)
         if ready:
             return
-        message = unmet_message(bundles, ray.nodes(), timeout)
+        message = unmet_message(
+            bundles, ray.nodes(), timeout, current_platform.ray_device_key
+        )
         try:  # leave no pending request behind on a shared cluster
             ray.util.remove_placement_group(current_placement_group)
         except Exception:  # the error below is what matters

@@ -21,16 +21,17 @@ from typing import Any
 from vllm.v1.worker.gpu_worker import Worker
 
 from vllm_kunlun.logger import init_logger
+from vllm_kunlun.platforms.kunlun import KunlunPlatform
 from vllm_kunlun.platforms.runtime_fixes import prepare_model_process
 
 logger = init_logger(__name__)
 
-DEVICE_ENV = "XPU_VISIBLE_DEVICES"  # KunlunPlatform.device_control_env_var
+DEVICE_ENV = KunlunPlatform.device_control_env_var
 CUDA_ENV = "CUDA_VISIBLE_DEVICES"
 
 
 def align_ray_visible_devices(
-    backend: object, environ: MutableMapping[str, str] = os.environ
+    use_ray: bool, environ: MutableMapping[str, str] = os.environ
 ) -> bool:
     """Under vLLM's Ray executor, CUDA_VISIBLE_DEVICES lists the host's cards, as
     XPU_VISIBLE_DEVICES does.
@@ -43,7 +44,7 @@ def align_ray_visible_devices(
     Ray's compiled graph, which vLLM's Ray executor runs, looks each worker's card up
     in that list. Returns whether it changed the variable.
     """
-    if backend != "ray" and not getattr(backend, "uses_ray", False):
+    if not use_ray:
         return False
     cards = environ.get(DEVICE_ENV)
     if not cards or environ.get(CUDA_ENV) == cards:
@@ -65,7 +66,5 @@ class KunlunWorker(Worker):
         prepare_model_process(loads_weights=True)
         config = kwargs.get("vllm_config")
         if config is not None:
-            align_ray_visible_devices(
-                config.parallel_config.distributed_executor_backend
-            )
+            align_ray_visible_devices(config.parallel_config.use_ray)
         super().__init__(*args, **kwargs)

@@ -17,9 +17,13 @@ from vllm_kunlun.platforms.kunlun import KunlunPlatform
 from vllm_kunlun.platforms.worker import align_ray_visible_devices
 
 
-def config(backend: Any, world_size: int = 2) -> Any:
-    parallel = SimpleNamespace(
-        distributed_executor_backend=backend, world_size=world_size
+def config(backend: str, world_size: int = 2) -> Any:
+    """What the defaults read: vLLM's own ParallelConfig (its ``use_ray``)."""
+    from vllm.config import ParallelConfig
+
+    parallel = ParallelConfig(
+        distributed_executor_backend=backend,  # type: ignore[arg-type]
+        tensor_parallel_size=world_size,
     )
     return SimpleNamespace(parallel_config=parallel)
 
@@ -70,14 +74,14 @@ def test_a_ray_worker_sees_the_hosts_cards_through_cuda_visible_devices() -> Non
     # Ray gave this worker card 2; vLLM set XPU_VISIBLE_DEVICES to the host's cards
     # and will open cuda:<local rank>.
     environ = {"CUDA_VISIBLE_DEVICES": "2", "XPU_VISIBLE_DEVICES": "0,1,2,3"}
-    assert align_ray_visible_devices("ray", environ) is True
+    assert align_ray_visible_devices(config("ray").parallel_config.use_ray, environ)
     assert environ["CUDA_VISIBLE_DEVICES"] == "0,1,2,3"
-    assert align_ray_visible_devices("ray", environ) is False  # already aligned
+    assert align_ray_visible_devices(True, environ) is False  # already aligned
 
 
 def test_outside_ray_visibility_is_the_users() -> None:
     environ = {"CUDA_VISIBLE_DEVICES": "2", "XPU_VISIBLE_DEVICES": "0,1,2,3"}
-    assert align_ray_visible_devices("mp", environ) is False
+    assert not align_ray_visible_devices(config("mp").parallel_config.use_ray, environ)
     assert environ["CUDA_VISIBLE_DEVICES"] == "2"
 
 
@@ -98,13 +102,14 @@ BUNDLES = [{"GPU": 1.0, "node:10.0.0.1": 0.001}] + [{"GPU": 1.0}] * 15
 
 
 def test_the_message_names_ask_cluster_and_fix() -> None:
-    message = ray_patches.unmet_message(BUNDLES, NODES, 60)
+    message = ray_patches.unmet_message(BUNDLES, NODES, 60, "GPU")
     assert "within 60 s (VLLM_KUNLUN_RAY_PG_TIMEOUT)" in message
     assert "asked 16 bundles (16 GPU, the first on node:10.0.0.1)" in message
     assert "10.0.0.1: 0 GPU, 64 CPU; 10.0.0.2: 8 GPU, 64 CPU" in message
     assert "10.0.0.9" not in message  # a dead node offers nothing
     assert "ray start --head --num-gpus 8" in message
     assert "VLLM_HOST_IP" in message
+    assert "doctor" not in message  # no doctor check of the cluster yet
 
 
 class FakePG:
@@ -125,6 +130,12 @@ def test_the_wait_ends_with_the_error_and_frees_the_request(
     )
     monkeypatch.setattr(ray, "nodes", lambda: NODES)
     monkeypatch.setattr(ray.util, "remove_placement_group", removed.append)
+    import vllm.platforms
+
+    # the message counts the resource the active platform asks Ray for
+    monkeypatch.setattr(
+        vllm.platforms, "_current_platform", KunlunHostEmulationPlatform()
+    )
     wait = ray_patches._make(None)
     pg = FakePG()
     start = time.monotonic()
