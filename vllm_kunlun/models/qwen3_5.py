@@ -30,6 +30,7 @@ Removal: when the validated vLLM ships a Qwen3.5 implementation that runs here.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from itertools import islice
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -451,7 +452,7 @@ class Qwen3_5Model(nn.Module):
             assert intermediate_tensors is not None
             hidden_states = intermediate_tensors["hidden_states"]
             residual = intermediate_tensors["residual"]
-        for layer in self.layers[self.start_layer : self.end_layer]:
+        for layer in islice(self.layers, self.start_layer, self.end_layer):
             hidden_states, residual = layer(positions, hidden_states, residual)
         if not pp.is_last_rank:
             return IntermediateTensors(
