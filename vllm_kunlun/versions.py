@@ -74,6 +74,12 @@ VALIDATED: tuple[Component, ...] = (
 )
 
 
+RAY_VERSION = "2.60.0"
+"""The Ray the lock pins (requirements/stack.lock), for vLLM's Ray executor; every node
+of a cluster needs the same one."""
+RAY_INSTALL = f"pip install ray=={RAY_VERSION}"
+
+
 def component(name: str) -> Component:
     """The table's row for ``name`` (a distribution name); KeyError when absent."""
     for c in VALIDATED:

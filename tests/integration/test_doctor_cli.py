@@ -43,6 +43,7 @@ def test_doctor_json_on_a_broken_site(tmp_path: Path) -> None:
         "patchset",
         "model_path",
         "kv_budget",
+        "ray",
         "source_sync",
         "sampler_path",
     ]
@@ -51,6 +52,7 @@ def test_doctor_json_on_a_broken_site(tmp_path: Path) -> None:
     assert by_name["model_path"]["status"] == "fail"
     assert by_name["model_path"]["fix"] == f"did you mean '{real}'?"
     assert by_name["source_sync"]["status"] == "skip"  # tmp_path is no checkout
+    assert by_name["ray"]["status"] == "skip"  # no Ray executor, RAY_ADDRESS unset
     assert by_name["transformers_compat"]["status"] == "ok"
     assert not any("crashed" in f["cause"] for f in doc["findings"]), doc
     assert doc["exit_code"] == 1 and doc["ok"] is False

@@ -42,6 +42,8 @@ class Context:
     model: str | None = None
     tensor_parallel_size: int = 1
     pipeline_parallel_size: int = 1
+    distributed_executor_backend: str | None = None
+    """vLLM's --distributed-executor-backend; None: vLLM's choice."""
     max_num_seqs: int = 256
     gpu_memory_utilization: float = 0.9
     mamba_cache_dtype: str = "auto"

@@ -12,6 +12,7 @@ from vllm_kunlun.doctor.devices import check_devices, check_platform
 from vllm_kunlun.doctor.environment import check_environment
 from vllm_kunlun.doctor.patchset import check_patchset
 from vllm_kunlun.doctor.plugins import check_plugins
+from vllm_kunlun.doctor.ray_cluster import check_ray
 from vllm_kunlun.doctor.sampler_path import check_sampler_path
 from vllm_kunlun.doctor.source_sync import check_source_sync
 from vllm_kunlun.doctor.transformers_compat import check_transformers_compat
@@ -30,6 +31,8 @@ CHECKS: list[tuple[str, Check]] = [
     ("patchset", check_patchset),
     ("model_path", check_model_path),
     ("kv_budget", check_kv_budget),
+    # After the budget: how many cards the engine asks of the cluster.
+    ("ray", check_ray),
     ("source_sync", check_source_sync),
     # Last: it may touch the device (a short noise-generation probe).
     ("sampler_path", check_sampler_path),

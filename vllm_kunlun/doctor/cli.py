@@ -37,6 +37,11 @@ def add_parser(sub: Any) -> None:
         default=1,
         help="pipeline stages (the budget is the busiest stage's, per card)",
     )
+    p.add_argument(
+        "--distributed-executor-backend",
+        choices=("mp", "ray", "uni", "external_launcher"),
+        help="as vLLM's flag; ray (or RAY_ADDRESS set) runs the ray check",
+    )
     p.add_argument("--max-num-seqs", type=int_range(1, MAX_SEQS), default=256)
     p.add_argument("--gpu-memory-utilization", type=fraction, default=0.9)
     p.add_argument(
@@ -77,6 +82,7 @@ def run(args: argparse.Namespace) -> int:
         model=args.model,
         tensor_parallel_size=args.tensor_parallel_size,
         pipeline_parallel_size=args.pipeline_parallel_size,
+        distributed_executor_backend=args.distributed_executor_backend,
         max_num_seqs=args.max_num_seqs,
         gpu_memory_utilization=args.gpu_memory_utilization,
         mamba_cache_dtype=args.mamba_cache_dtype,
