@@ -3,13 +3,16 @@
 - ``local``: ``LLM(tensor_parallel_size=2, distributed_executor_backend="ray")`` with no
   cluster: vLLM starts Ray itself, which counts the two emulated cards as GPUs
   (RAY_OVERRIDE_RESOURCES, platforms/kunlun_defaults.py).
-- ``two_nodes``: a Ray cluster of two nodes on this host (``ray.cluster_utils.Cluster``,
-  one emulated card each, distinct node addresses as vLLM requires), the engine at
-  TP 1 x PP 2, one stage per node. Not TP 2 x PP 2: four workers, two raylets and the
-  engine on a 2-core CI machine cost minutes; TP under Ray is ``local``'s.
-- ``too_small``: the same cluster asked for four cards fails within
-  VLLM_KUNLUN_RAY_PG_TIMEOUT naming the ask, the cluster and the fix
-  (platforms/ray_patches.py), where vLLM alone waits 1800 s.
+- one Ray cluster of two nodes on this host for the rest of the module
+  (``ray.cluster_utils.Cluster``, two emulated cards each, distinct node addresses as
+  vLLM requires):
+  - the doctor's ``ray`` check finds it fit for TP 2 x PP 2, and not for TP 4 x PP 2;
+  - TP 2 x PP 2 across it, one stage (two TP workers) per node, for the tiny Qwen3
+    and the tiny Qwen3.5 hybrid (GDN state per stage);
+  - asked for eight cards, the engine fails within VLLM_KUNLUN_RAY_PG_TIMEOUT naming
+    the ask, the cluster and the fix (platforms/ray_patches.py), where vLLM alone
+    waits 1800 s;
+  - a third node whose Python has another vLLM: the doctor names it.
 
 Greedy output is transformers' on the same checkpoint, decoded in the runner's process.
 Tests run in file order: ``local`` must not find the module's cluster (``ray.init()``
@@ -30,7 +33,11 @@ import pytest
 
 from tests.conftest import REPO, child_env, run_python
 from tests.integration.test_e2e_emulation import EMULATION, req
+from tests.integration.test_e2e_hybrid import GREEDY_JOBS as HYBRID_JOBS
+from tests.integration.test_e2e_hybrid import LLM_ARGS as HYBRID_ARGS
+from tests.integration.test_e2e_pp import _stage_layers
 from vllm_kunlun.demo.tiny_model import write_tiny_model
+from vllm_kunlun.demo.tiny_qwen3_5 import TinyQwen3_5Spec
 
 pytestmark = pytest.mark.slow
 
@@ -67,12 +74,17 @@ def model_dir(work: Path) -> str:
 
 
 def run_engine(
-    work: Path, name: str, model: str, llm: dict[str, Any], env: dict[str, str]
+    work: Path,
+    name: str,
+    model: str,
+    llm: dict[str, Any],
+    env: dict[str, str],
+    jobs: list[dict[str, Any]] = JOBS,
 ) -> tuple[dict, str]:
-    """The runner on a greedy spec with its transformers reference; its result and
+    """The runner on greedy jobs with their transformers reference; its result and
     its log (vLLM's, the Ray workers' included)."""
-    spec = {"backend": "vllm", "model": model, "llm": llm, "jobs": JOBS}
-    spec["hf_jobs"] = JOBS
+    spec = {"backend": "vllm", "model": model, "llm": llm, "jobs": jobs}
+    spec["hf_jobs"] = jobs
     spec_path, out_path = work / f"{name}.spec.json", work / f"{name}.out.json"
     spec_path.write_text(json.dumps(spec))
     proc = subprocess.run(
@@ -93,10 +105,13 @@ def run_engine(
 
 
 def assert_greedy_is_transformers(result: dict) -> None:
-    got = [r["token_ids"] for r in result["jobs"]["greedy"]]
-    want = [r["token_ids"] for r in result["hf"]["greedy"]]
-    assert len(got) == 3 and all(len(ids) == 8 for ids in got)
-    assert got == want
+    assert set(result["hf"]) == set(result["jobs"])
+    for name, want_rows in result["hf"].items():
+        rows = result["jobs"][name]
+        assert len(rows) == len(want_rows) and all(r["token_ids"] for r in rows)
+        for got, want in zip(rows, want_rows, strict=True):
+            assert got["prompt_token_ids"] == want["prompt_token_ids"]
+            assert got["token_ids"] == want["token_ids"], (name, got["text"])
 
 
 def test_local_ray_tp2_generates_what_transformers_does(
@@ -113,23 +128,22 @@ def test_local_ray_tp2_generates_what_transformers_does(
 
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[Any]:
-    """Two Ray nodes on this host, one emulated card and one CPU each. The second
+    """Two Ray nodes on this host, two emulated cards and one CPU each. The second
     node has its own address (vLLM refuses two nodes on one IP) and its workers say
     so through VLLM_HOST_IP."""
     from ray.cluster_utils import Cluster
 
-    env = {"VLLM_KUNLUN_HOST_EMULATION": "1"}
     cluster = Cluster(
         initialize_head=True,
-        head_node_args={"num_cpus": 1, "num_gpus": 1, "env_vars": env},
+        head_node_args={"num_cpus": 1, "num_gpus": 2, "env_vars": NODE_ENV},
     )
     head_ip = cluster.head_node.node_ip_address
     other_ip = "127.0.0.2" if head_ip == "127.0.0.1" else "127.0.0.1"
     cluster.add_node(
         num_cpus=1,
-        num_gpus=1,
+        num_gpus=2,
         node_ip_address=other_ip,
-        env_vars={**env, "VLLM_HOST_IP": other_ip},
+        env_vars={**NODE_ENV, "VLLM_HOST_IP": other_ip},
     )
     cluster.wait_for_nodes()
     cluster.ips = (head_ip, other_ip)  # type: ignore[attr-defined]
@@ -139,21 +153,98 @@ def cluster() -> Iterator[Any]:
         cluster.shutdown()
 
 
-def test_two_nodes_pp2_generates_what_transformers_does(
+NODE_ENV = {"VLLM_KUNLUN_HOST_EMULATION": "1"}
+TP2_PP2 = {"tensor_parallel_size": 2, "pipeline_parallel_size": 2}
+
+
+def engine_env(cluster: Any) -> dict[str, str]:
+    return {"RAY_ADDRESS": cluster.address, "VLLM_HOST_IP": cluster.ips[0]}
+
+
+def doctor_ray(cluster: Any, tp: int, pp: int) -> dict[str, Any]:
+    """``vllm-kunlun doctor --json`` on this host of the cluster: its ray finding."""
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "vllm_kunlun.cli",
+            "doctor",
+            "--json",
+            "--distributed-executor-backend",
+            "ray",
+            "--tensor-parallel-size",
+            str(tp),
+            "--pipeline-parallel-size",
+            str(pp),
+        ],
+        env=child_env({**EMULATION, **engine_env(cluster)}),
+        capture_output=True,
+        text=True,
+        timeout=ENGINE_TIMEOUT,
+        cwd=REPO,
+    )
+    findings = json.loads(proc.stdout)["findings"]
+    return next(f for f in findings if f["check"] == "ray")
+
+
+def test_doctor_finds_the_cluster_fit_for_tp2_pp2(cluster: Any) -> None:
+    head_ip, other_ip = cluster.ips
+    ray = doctor_ray(cluster, 2, 2)
+    assert ray["status"] == "ok", ray
+    assert f"{head_ip}: 2 GPU, 1 CPU" in ray["cause"]
+    assert f"{other_ip}: 2 GPU, 1 CPU" in ray["cause"]
+    assert "tensor x pipeline parallel = 4" in ray["cause"]
+    host_ips = {n["ip"]: n["report"]["env"] for n in ray["details"]["nodes"]}
+    assert host_ips[head_ip]["VLLM_HOST_IP"] is None  # each node's own environment
+    assert host_ips[other_ip]["VLLM_HOST_IP"] == other_ip
+
+
+def test_doctor_fails_a_cluster_lacking_cards(cluster: Any) -> None:
+    ray = doctor_ray(cluster, 4, 2)
+    assert ray["status"] == "fail"
+    assert "tensor x pipeline parallel = 8 cards asked" in ray["cause"]
+    assert "ray start --head --port 6379 --num-gpus 8" in ray["fix"]
+    assert "or ask for at most 4" in ray["fix"]
+
+
+def _assert_one_stage_per_node(log: str, cluster: Any) -> None:
+    workers = next(line for line in log.splitlines() if "workers: [" in line)
+    for ip in cluster.ips:
+        assert workers.count(f"ip='{ip}'") == 2, workers
+    assert "RAY_OVERRIDE_RESOURCES" not in log  # a cluster counts its own cards
+
+
+def test_two_nodes_tp2_pp2_qwen3_generates_what_transformers_does(
     work: Path, model_dir: str, cluster: Any
 ) -> None:
-    head_ip, other_ip = cluster.ips
+    llm = {**LLM_ARGS, **TP2_PP2}
+    result, log = run_engine(work, "qwen3", model_dir, llm, engine_env(cluster))
+    assert_greedy_is_transformers(result)
+    _assert_one_stage_per_node(log, cluster)
+    assert len(result["serving"]) == 4
+
+
+def test_two_nodes_tp2_pp2_hybrid_generates_what_transformers_does(
+    work: Path, cluster: Any
+) -> None:
+    """The tiny Qwen3.5 composite (GDN, GDN | GDN, attention): chunked prefills beside
+    decodes and a 1-token prompt, each stage's GDN state on its own node."""
+    model = write_tiny_model(work / "hybrid", TinyQwen3_5Spec(layout="composite"))
+    llm = {**HYBRID_ARGS, **TP2_PP2, "distributed_executor_backend": "ray"}
     result, log = run_engine(
-        work,
-        "two_nodes",
-        model_dir,
-        {**LLM_ARGS, "pipeline_parallel_size": 2},
-        {"RAY_ADDRESS": cluster.address, "VLLM_HOST_IP": head_ip},
+        work, "hybrid", str(model), llm, engine_env(cluster), jobs=HYBRID_JOBS[1:3]
     )
     assert_greedy_is_transformers(result)
-    workers = next(line for line in log.splitlines() if "workers: [" in line)
-    assert f"ip='{head_ip}'" in workers and f"ip='{other_ip}'" in workers, workers
-    assert "RAY_OVERRIDE_RESOURCES" not in log  # a cluster counts its own cards
+    _assert_one_stage_per_node(log, cluster)
+    # Ranks 0, 1: the first stage (GDN, GDN); ranks 2, 3: the second (GDN, attention).
+    first, second = (
+        {"MambaSpec": 2, "FullAttentionSpec": 0},
+        {
+            "MambaSpec": 1,
+            "FullAttentionSpec": 1,
+        },
+    )
+    assert _stage_layers(result) == [first, first, second, second]
 
 
 TOO_SMALL = """
@@ -162,7 +253,7 @@ from vllm import LLM
 start = time.monotonic()
 try:
     LLM(model={model!r}, dtype="float32", max_model_len=128, tensor_parallel_size=4,
-        distributed_executor_backend="ray")
+        pipeline_parallel_size=2, distributed_executor_backend="ray")
 except Exception as exc:
     print("ERROR", type(exc).__name__, exc)
 print("SECONDS", time.monotonic() - start)
@@ -176,18 +267,41 @@ def test_too_small_cluster_fails_in_time_naming_ask_cluster_and_fix(
     start = time.monotonic()
     proc = run_python(
         TOO_SMALL.format(model=model_dir),
-        env={
-            **EMULATION,
-            "RAY_ADDRESS": cluster.address,
-            "VLLM_HOST_IP": head_ip,
-            "VLLM_KUNLUN_RAY_PG_TIMEOUT": "5",
-        },
+        env={**EMULATION, **engine_env(cluster), "VLLM_KUNLUN_RAY_PG_TIMEOUT": "5"},
         timeout=ENGINE_TIMEOUT,
     )
     elapsed = time.monotonic() - start
     out = proc.stdout + proc.stderr
     assert "within 5 s (VLLM_KUNLUN_RAY_PG_TIMEOUT)" in out, out[-4000:]
-    assert "asked 4 bundles (4 GPU" in out  # the ask
-    assert f"{head_ip}: 1 GPU" in out and f"{other_ip}: 1 GPU" in out  # the cluster
+    assert "asked 8 bundles (8 GPU" in out  # the ask
+    assert f"{head_ip}: 2 GPU" in out and f"{other_ip}: 2 GPU" in out  # the cluster
     assert "ray start --head --num-gpus 8" in out  # the fix
     assert elapsed < 120, elapsed
+
+
+def test_doctor_names_a_node_with_another_vllm(cluster: Any, work: Path) -> None:
+    """A third node whose Python finds another vLLM's metadata first (as a host with
+    another install would): the doctor names the node, the version and this host's.
+    Last in the module: the node leaves the cluster afterwards."""
+    other = work / "other-site"
+    dist = other / "vllm-0.14.0.dist-info"
+    dist.mkdir(parents=True)
+    (dist / "METADATA").write_text(
+        "Metadata-Version: 2.1\nName: vllm\nVersion: 0.14.0\n"
+    )
+    third = "127.0.0.3"
+    node = cluster.add_node(
+        num_cpus=1,
+        num_gpus=0,
+        node_ip_address=third,
+        env_vars={**NODE_ENV, "PYTHONPATH": str(other)},
+    )
+    cluster.wait_for_nodes()
+    try:
+        ray = doctor_ray(cluster, 2, 2)
+    finally:
+        cluster.remove_node(node)
+    assert ray["status"] == "fail", ray
+    assert f"node {third} has vllm 0.14.0 (this host 0.15.1)" in ray["cause"]
+    assert ray["cause"].count(" has vllm ") == 1  # the two others agree
+    assert ray["fix"].startswith("install the same versions on every node (vllm 0.15.1")
