@@ -33,6 +33,12 @@ from vllm_kunlun.doctor.ray_probe import (
     NETWORK_VARIABLES,
 )
 from vllm_kunlun.hardware.device import probe_devices
+from vllm_kunlun.platforms.ray_auth import (
+    AUTH_FIX,
+    AUTH_MODE,
+    auth_cause,
+    auth_mode_mismatch,
+)
 from vllm_kunlun.platforms.ray_patches import cluster_summary
 from vllm_kunlun.versions import RAY_INSTALL, installed_version
 
@@ -44,18 +50,24 @@ START_FIX = (
     "--num-gpus 8` on the head, `ray start --address HEAD_IP:6379 --num-gpus 8` on "
     "the others (docs/distributed.md)"
 )
-Probe = Callable[[str], dict[str, Any]]
+Probe = Callable[[str, bool], dict[str, Any]]
+"""(address, token_auth) -> the probe's result."""
 _ORDER: dict[Status, int] = {"ok": 0, "skip": 0, "warn": 1, "fail": 2}
 
 
-def run_probe(address: str, timeout: float = PROBE_TIMEOUT_S) -> dict[str, Any]:
-    """doctor/ray_probe.py in a child process: at most ``timeout`` seconds."""
+def run_probe(
+    address: str, token_auth: bool = False, timeout: float = PROBE_TIMEOUT_S
+) -> dict[str, Any]:
+    """doctor/ray_probe.py in a child process: at most ``timeout`` seconds.
+    ``token_auth``: connect with Ray's token authentication (RAY_AUTH_MODE=token)."""
+    env = {**os.environ, AUTH_MODE: "token"} if token_auth else None
     try:
         proc = subprocess.run(
             [sys.executable, "-m", "vllm_kunlun.doctor.ray_probe", address],
             capture_output=True,
             text=True,
             timeout=timeout,
+            env=env,
         )
     except subprocess.TimeoutExpired:
         return {"connected": False, "error": f"no answer within {timeout:g} s"}
@@ -113,11 +125,15 @@ def assess(
     ask: int,
     local_versions: Mapping[str, str | None],
     host_ip: str | None,
+    auth_refused: str | None = None,
 ) -> Finding:
-    """The finding for a connected probe (doctor/ray_probe.py's result)."""
+    """The finding for a connected probe (doctor/ray_probe.py's result).
+    ``auth_refused``: why the cluster answered only with token authentication."""
     nodes = [n for n in probe["nodes"] if n.get("alive")]
     details = {"address": probe.get("address"), "asked": ask, "nodes": probe["nodes"]}
     problems = _Problems()
+    if auth_refused:
+        problems.add("fail", auth_refused, AUTH_FIX)
     if not nodes:
         problems.add("fail", "the Ray cluster has no live node", START_FIX)
         return problems.finding("", details)
@@ -250,6 +266,7 @@ def check_ray(
     probe: Probe = run_probe,
     installed: Callable[[str], str | None] = installed_version,
     local_cards: Callable[[], int | None] = _local_cards,
+    ray_token: Callable[[Mapping[str, str]], str | None] = auth_mode_mismatch,
 ) -> Finding:
     env = os.environ if environ is None else environ
     reason = _ray_reason(ctx, env)
@@ -271,10 +288,23 @@ def check_ray(
         )
     ask = ctx.tensor_parallel_size * ctx.pipeline_parallel_size
     address = env.get("RAY_ADDRESS") or "auto"
-    result = probe(address)
+    result = probe(address, False)
+    auth_refused = None
+    token = ray_token(env)
+    if not result.get("connected") and address != "auto" and token is not None:
+        # Ray 2.60 never turns token authentication on for an explicit address: try
+        # again as `RAY_AUTH_MODE=token` would, to tell a refused token from no cluster.
+        retry = probe(address, True)
+        if retry.get("connected"):
+            result = retry
+            auth_refused = (
+                auth_cause(address, token, env.get(AUTH_MODE), seen=True)
+                + " (it answered the doctor once it used the token; vLLM's engine "
+                "fails with 'Failed to connect to Ray cluster')"
+            )
     if result.get("connected"):
         local = {name: installed(name) for name in DISTRIBUTIONS}
-        return assess(result, ask, local, env.get("VLLM_HOST_IP"))
+        return assess(result, ask, local, env.get("VLLM_HOST_IP"), auth_refused)
     error = result.get("error", "no answer")
     if address != "auto":
         return Finding(

@@ -200,6 +200,16 @@ REGISTRY: tuple[RuntimePatch, ...] = (
         "vLLM bounds the wait and names the missing resources",
     ),
     RuntimePatch(
+        "kunlun_ray_auth_hint",
+        "vllm_kunlun.platforms.ray_auth",
+        ("vllm.v1.executor.ray_executor.initialize_ray_cluster",),
+        "a cluster with Ray's token authentication refuses an engine whose "
+        "RAY_AUTH_MODE is not token, and vLLM says only 'Failed to connect to Ray "
+        "cluster'",
+        _FRONT,
+        "Ray's connection error names the authentication mode",
+    ),
+    RuntimePatch(
         "kunlun_weak_ref_tensor",
         "vllm_kunlun.patching.weak_ref",
         ("vllm.utils.torch_utils.weak_ref_tensor",),

@@ -97,7 +97,8 @@ def unmet_message(
         f"at most the cluster's {device_key}s (tensor x pipeline parallel = "
         f"{devices:g} now). The first worker goes on the engine's node: VLLM_HOST_IP, "
         "if set, must be that node's Ray address. `ray status` shows what each node "
-        "has; see docs/distributed.md."
+        "has, `vllm-kunlun doctor --distributed-executor-backend ray` checks each "
+        "node; see docs/distributed.md."
     )
 
 

@@ -184,7 +184,7 @@ def test_a_node_that_does_not_report_fails_naming_it() -> None:
 # ---- check_ray: when it runs, and the cluster it cannot reach --------------------
 
 
-def never(address: str) -> dict[str, Any]:
+def never(address: str, token_auth: bool = False) -> dict[str, Any]:
     raise AssertionError("probed without Ray in play")
 
 
@@ -196,7 +196,7 @@ def test_skipped_without_ray() -> None:
 def test_ray_address_alone_turns_it_on_and_is_the_probed_address() -> None:
     asked: list[str] = []
 
-    def probe(address: str) -> dict[str, Any]:
+    def probe(address: str, token_auth: bool = False) -> dict[str, Any]:
         asked.append(address)
         return HEALTHY
 
@@ -213,14 +213,15 @@ def test_unreachable_address_fails_naming_it_and_the_fix() -> None:
     f = check_ray(
         RAY_CTX,
         environ={"RAY_ADDRESS": "10.9.9.9:6379"},
-        probe=lambda a: {"connected": False, "error": "no answer within 60 s"},
+        probe=lambda a, t: {"connected": False, "error": "no answer within 60 s"},
+        ray_token=lambda env: None,
     )
     assert f.status == "fail"
     assert "cannot reach the Ray cluster at RAY_ADDRESS=10.9.9.9:6379" in f.cause
     assert "ray start --head" in f.fix
 
 
-def no_cluster(address: str) -> dict[str, Any]:
+def no_cluster(address: str, token_auth: bool = False) -> dict[str, Any]:
     assert address == "auto"
     return {"connected": False, "error": "ConnectionError: no running Ray"}
 
@@ -260,7 +261,7 @@ def test_ray_pin_is_the_locks() -> None:
 
 
 def test_a_probe_that_does_not_answer_is_bounded() -> None:
-    f = run_probe("10.9.9.9:6379", timeout=0.01)
+    f = run_probe("10.9.9.9:6379", False, timeout=0.01)
     assert f == {"connected": False, "error": "no answer within 0.01 s"}
 
 
@@ -270,3 +271,52 @@ def test_the_node_report_reads_this_python() -> None:
     assert report["versions"]["vllm"] == importlib.metadata.version("vllm")
     assert report["versions"]["ray"] == RAY_VERSION
     assert set(report["env"]) >= set(ray_cluster.NETWORK_VARIABLES)
+
+
+def refused_without_token(address: str, token_auth: bool = False) -> dict[str, Any]:
+    """A cluster with Ray's token authentication, as a client sees it."""
+    if token_auth:
+        return HEALTHY
+    return {"connected": False, "error": "ConnectionError: Failed to connect"}
+
+
+def test_a_cluster_that_answers_only_with_the_token_fails_naming_auth_mode() -> None:
+    f = check_ray(
+        RAY_CTX,
+        environ={"RAY_ADDRESS": "10.0.0.1:6379"},
+        probe=refused_without_token,
+        installed=HERE.get,
+        ray_token=lambda env: "/root/.ray/auth_token",
+    )
+    assert f.status == "fail"
+    assert "the Ray cluster at 10.0.0.1:6379 requires token authentication" in (f.cause)
+    assert "RAY_AUTH_MODE is unset here" in f.cause
+    assert "/root/.ray/auth_token" in f.cause
+    assert "export RAY_AUTH_MODE=token" in f.fix and "auth_token copied" in f.fix
+    assert "it answered the doctor once it used the token" in f.cause
+    assert [n["ip"] for n in f.details["nodes"]] == ["10.0.0.1", "10.0.0.2"]
+
+
+def test_no_token_here_means_no_second_try() -> None:
+    f = check_ray(
+        RAY_CTX,
+        environ={"RAY_ADDRESS": "10.0.0.1:6379"},
+        probe=lambda a, t: never(a) if t else refused_without_token(a),
+        ray_token=lambda env: None,
+    )
+    assert f.status == "fail" and "cannot reach the Ray cluster" in f.cause
+
+
+def test_token_mode_already_set_means_no_second_try(tmp_path: Path) -> None:
+    from vllm_kunlun.platforms.ray_auth import auth_mode_mismatch
+
+    (tmp_path / ".ray").mkdir()
+    (tmp_path / ".ray" / "auth_token").write_text("t")
+    env = {"RAY_ADDRESS": "10.0.0.1:6379", "RAY_AUTH_MODE": "token"}
+    f = check_ray(
+        RAY_CTX,
+        environ=env,
+        probe=lambda a, t: never(a) if t else refused_without_token(a),
+        ray_token=lambda e: auth_mode_mismatch(e, home=tmp_path),
+    )
+    assert f.status == "fail" and "cannot reach the Ray cluster" in f.cause

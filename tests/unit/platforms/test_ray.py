@@ -109,7 +109,7 @@ def test_the_message_names_ask_cluster_and_fix() -> None:
     assert "10.0.0.9" not in message  # a dead node offers nothing
     assert "ray start --head --num-gpus 8" in message
     assert "VLLM_HOST_IP" in message
-    assert "doctor" not in message  # no doctor check of the cluster yet
+    assert "vllm-kunlun doctor --distributed-executor-backend ray" in message
 
 
 class FakePG:
