@@ -122,6 +122,19 @@ REGISTRY: tuple[RuntimePatch, ...] = (
         "vLLM keeps TP ranks' sampling consistent itself",
     ),
     RuntimePatch(
+        "kunlun_rejection_kernels",
+        "vllm_kunlun.sample.sampler_patches",
+        (
+            "vllm.v1.sample.rejection_sampler.rejection_greedy_sample_kernel",
+            "vllm.v1.sample.rejection_sampler.rejection_random_sample_kernel",
+            "vllm.v1.sample.rejection_sampler.expand_kernel",
+        ),
+        "speculative decoding's verification launches Triton kernels: without a "
+        "Triton driver (host emulation) the first verification step fails",
+        _WORKER,
+        "vLLM's rejection sampler has a non-Triton path",
+    ),
+    RuntimePatch(
         "kunlun_int8_scaled_mm_kernel",
         "vllm_kunlun.quantization.int8_kernel_table_patch",
         (
