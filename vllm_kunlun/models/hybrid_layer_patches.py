@@ -219,6 +219,23 @@ def fresh_decode_rows(common_attn_metadata: Any, num_decodes: int) -> torch.Tens
     return torch.nonzero(fresh).squeeze(1)
 
 
+def fresh_non_spec_rows(
+    common_attn_metadata: Any, non_spec: torch.Tensor
+) -> torch.Tensor:
+    """Like ``fresh_decode_rows`` in a speculative batch: indices among the
+    non-speculative requests (``non_spec``, CPU mask over the batch) of those with no
+    computed token and a 1-token query."""
+    m = common_attn_metadata
+    num_reqs = non_spec.shape[0]
+    qsl = m.query_start_loc_cpu[: num_reqs + 1]
+    query_lens = qsl[1:] - qsl[:-1]
+    computed = m._num_computed_tokens_cpu
+    if computed is None:
+        computed = m.compute_num_computed_tokens().cpu()
+    fresh = (computed[:num_reqs] == 0) & (query_lens == 1)
+    return torch.nonzero(fresh[non_spec]).squeeze(1)
+
+
 def zero_state_slots(layers: list[Any], slots: torch.Tensor) -> None:
     """Zero the state slots (conv and SSM) of every layer in ``layers``."""
     slots = slots.to(torch.long)
@@ -258,15 +275,19 @@ def _make_builder(original: type) -> type:
                 num_decode_draft_tokens_cpu,
                 fast_build,
             )
-            # With a prefill in the batch, has_initial_state covers every request;
-            # speculative batches reorder rows (not served on hybrid models here).
-            if (
-                metadata.num_prefills > 0
-                or metadata.num_decodes == 0
-                or metadata.spec_sequence_masks is not None
-            ):
+            # With a prefill in the batch, has_initial_state covers every request.
+            if metadata.num_prefills > 0 or metadata.num_decodes == 0:
                 return metadata
-            rows = fresh_decode_rows(common_attn_metadata, metadata.num_decodes)
+            if metadata.spec_sequence_masks is None:
+                rows = fresh_decode_rows(common_attn_metadata, metadata.num_decodes)
+            else:
+                # Speculative batch: the non-speculative decodes are the requests
+                # without draft tokens, in batch order (vLLM's builder selects
+                # them with ~spec_sequence_masks).
+                assert num_decode_draft_tokens_cpu is not None
+                rows = fresh_non_spec_rows(
+                    common_attn_metadata, num_decode_draft_tokens_cpu < 0
+                )
             if rows.numel():
                 indices = metadata.non_spec_state_indices_tensor
                 slots = indices.index_select(0, rows.to(indices.device))

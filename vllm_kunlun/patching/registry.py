@@ -204,6 +204,18 @@ REGISTRY: tuple[RuntimePatch, ...] = (
         "vLLM commits mamba blocks only once their state is written",
     ),
     RuntimePatch(
+        "kunlun_qwen3_5_mtp_config",
+        "vllm_kunlun.models.speculative_config",
+        (
+            "vllm.config.speculative.SpeculativeConfig.hf_config_override",
+            "vllm.config.speculative.MTPModelTypes",
+        ),
+        "vLLM maps no Qwen3.5 model type to an MTP draft: method mtp fails with "
+        "\"Unsupported speculative method: 'mtp'\"",
+        _FRONT,
+        "the validated vLLM maps Qwen3.5 to an MTP draft model",
+    ),
+    RuntimePatch(
         "kunlun_ray_placement_wait",
         "vllm_kunlun.platforms.ray_patches",
         ("vllm.v1.executor.ray_utils._wait_until_pg_ready",),
