@@ -14,9 +14,10 @@ first token; so the next token depends on the current one and on a fact only the
 sequence's start carries (the GDN states and the attention must keep it).
 Training: transformers 5.2.0's own Qwen3.5 text model (the reference the e2e tests
 compare with) plus the head built from its decoder layer, Adam, next-token loss plus
-the head's token-after-next loss. The head's input at position ``t`` is
-``[embed(x[t+1]), h[t]]`` with ``h`` the model's final hidden states, as vLLM's
-proposer feeds it. Deterministic for a given torch build (fixed seeds, one thread).
+the head's losses over ``draft_steps`` chained passes. Pass 1's input at position
+``t`` is ``[embed(x[t+1]), h[t]]`` with ``h`` the model's final (normed) hidden states;
+pass ``k`` reads ``x[t+k]`` and pass ``k-1``'s output, as vLLM's proposer chains the
+one head for several speculative tokens. Deterministic for a given torch build (fixed seeds, one thread).
 """
 
 from __future__ import annotations
@@ -41,10 +42,12 @@ class TinyQwen3_5MtpSpec(TinyQwen3_5Spec):
 
     layout: str = "composite"
     mtp_num_hidden_layers: int = 1
-    train_steps: int = 60
+    train_steps: int = 90
     train_batch: int = 16
     train_length: int = 32
     learning_rate: float = 3e-3
+    # Chained head passes trained (vLLM runs the one head once per speculative token).
+    draft_steps: int = 3
 
     @property
     def cache_name(self) -> str:
@@ -134,27 +137,50 @@ class _Head:
         )
         self.model = model
 
-    def logits(self, x: Any, hidden: Any, positions: Any) -> Any:
-        """Head logits at positions ``0 .. T-2``: inputs ``x[t+1]`` and ``hidden[t]``."""
+    def forward(self, tokens: Any, hidden: Any, positions: Any) -> tuple[Any, Any]:
+        """One head pass: ``tokens[t]`` with ``hidden[t]`` at ``positions[..., t]``;
+        returns the head's normed output (its next pass's ``hidden``) and logits."""
         import torch
 
         m, base = self.modules, self.model.model
-        e = base.embed_tokens(x[:, 1:])
         z = m["fc"](
             torch.cat(
                 [
-                    m["pre_fc_norm_embedding"](e),
-                    m["pre_fc_norm_hidden"](hidden[:, :-1]),
+                    m["pre_fc_norm_embedding"](base.embed_tokens(tokens)),
+                    m["pre_fc_norm_hidden"](hidden),
                 ],
                 dim=-1,
             )
         )
-        pos = positions[:, :, :-1]
-        rope = base.rotary_emb(z, pos)
+        rope = base.rotary_emb(z, positions)
         z = m["layer"](
-            z, position_embeddings=rope, attention_mask=None, position_ids=pos
+            z, position_embeddings=rope, attention_mask=None, position_ids=positions
         )
-        return self.model.lm_head(m["norm"](z))
+        out = m["norm"](z)
+        return out, self.model.lm_head(out)
+
+    def loss(self, x: Any, hidden: Any, steps: int) -> Any:
+        """Cross-entropy of ``steps`` chained passes, as vLLM's proposer chains them:
+        pass ``k`` reads token ``x[t+k]`` and pass ``k-1``'s output (pass 1: the
+        model's hidden state ``h[t]``) at position ``t + k - 1`` and predicts
+        ``x[t+k+1]``."""
+        import torch
+        import torch.nn.functional as F
+
+        batch, length = x.shape
+        total = x.new_zeros((), dtype=torch.float32)
+        for k in range(1, steps + 1):
+            n = length - k - 1
+            if n <= 0:
+                break
+            hidden = hidden[:, :n]
+            pos = (torch.arange(n) + (k - 1)).view(1, 1, -1).expand(3, batch, -1)
+            hidden, logits = self.forward(x[:, k : k + n], hidden, pos)
+            total = total + F.cross_entropy(
+                logits.reshape(-1, logits.shape[-1]),
+                x[:, k + 1 : k + 1 + n].reshape(-1),
+            )
+        return total
 
     def state(self) -> dict:
         out = {}
@@ -183,7 +209,6 @@ def trained_weights(spec: TinyQwen3_5MtpSpec, vocab_size: int) -> dict:
         table = language(vocab_size)
         gen = torch.Generator().manual_seed(SEED + 11)
         length = spec.train_length
-        positions = torch.arange(length).view(1, 1, -1).expand(3, spec.train_batch, -1)
         for _ in range(spec.train_steps):
             x = sample(table, spec.train_batch, length, gen)
             # The final (normed) hidden states: what vLLM's proposer hands the head.
@@ -192,8 +217,7 @@ def trained_weights(spec: TinyQwen3_5MtpSpec, vocab_size: int) -> dict:
             main = F.cross_entropy(
                 logits[:, :-1].reshape(-1, vocab_size), x[:, 1:].reshape(-1)
             )
-            draft = head.logits(x, hidden, positions)[:, :-1]
-            mtp = F.cross_entropy(draft.reshape(-1, vocab_size), x[:, 2:].reshape(-1))
+            mtp = head.loss(x, hidden, spec.draft_steps)
             opt.zero_grad()
             (main + mtp).backward()
             opt.step()
@@ -204,3 +228,21 @@ def trained_weights(spec: TinyQwen3_5MtpSpec, vocab_size: int) -> dict:
         w[key] = tensor.detach().clone().contiguous()
     w.update(head.state())
     return w
+
+
+def language_prompts(lengths: list[int], seed: int = 5) -> list[str]:
+    """Prompts in the synthetic language (word-level text the tiny tokenizer maps back
+    to the same ids), one per length: in-distribution input for tests and
+    benchmarks, where the trained head's drafts are accepted."""
+    import torch
+
+    from vllm_kunlun.demo.tiny_model import vocabulary
+
+    words = vocabulary()
+    table = language(len(words))
+    gen = torch.Generator().manual_seed(seed)
+    rows = sample(table, len(lengths), max(lengths), gen)
+    return [
+        " ".join(words[i] for i in row[:n].tolist())
+        for row, n in zip(rows, lengths, strict=True)
+    ]

@@ -183,6 +183,16 @@ REGISTRY: tuple[RuntimePatch, ...] = (
         "a vLLM that treats zero-context requests as prefills in GDN metadata",
     ),
     RuntimePatch(
+        "kunlun_hybrid_prefill_drafts",
+        "vllm_kunlun.models.hybrid_layer_patches",
+        ("vllm.v1.worker.gpu_model_runner.GPUModelRunner.take_draft_token_ids",),
+        "speculative drafts of a request whose prefill chunk was not its last are "
+        "scheduled after its remaining prompt; the hybrid prefill path folds them "
+        "into the GDN state (wrong tokens)",
+        (Phase.HYBRID_MODEL,),
+        "vLLM drafts only for requests that sampled a token",
+    ),
+    RuntimePatch(
         "kunlun_mamba_copy_block",
         "vllm_kunlun.models.hybrid_layer_patches",
         (
