@@ -91,11 +91,19 @@ def _check_override(module: ModuleType, original: Any) -> str | None:
     )
 
 
-def _make_override(original: Any) -> Any:
-    def hf_config_override(hf_config: Any) -> Any:
-        return draft_override(original(hf_config))
+def hf_config_override(hf_config: Any) -> Any:
+    """vLLM's override, then ``draft_override``. Module-level: the draft's
+    ``ModelConfig`` keeps it as ``hf_overrides`` and is pickled to the engine core."""
+    from vllm.config.speculative import SpeculativeConfig
 
-    hf_config_override.__wrapped__ = original  # type: ignore[attr-defined]
+    upstream = SpeculativeConfig.hf_config_override
+    if upstream is hf_config_override:  # patched in this process
+        original = OVERRIDE_PATCH._original
+        upstream = getattr(original, "__func__", original)
+    return draft_override(upstream(hf_config))
+
+
+def _make_override(original: Any) -> Any:
     return staticmethod(hf_config_override)
 
 
@@ -118,14 +126,15 @@ def _make_types(original: Any) -> Any:
     return Literal[(*names, MTP_MODEL_TYPE)]  # type: ignore[valid-type]
 
 
+OVERRIDE_PATCH = AttributePatch(
+    NAME,
+    MODULE,
+    "SpeculativeConfig.hf_config_override",
+    _make_override,
+    _check_override,
+)
 PATCHES: tuple[AttributePatch, ...] = (
-    AttributePatch(
-        NAME,
-        MODULE,
-        "SpeculativeConfig.hf_config_override",
-        _make_override,
-        _check_override,
-    ),
+    OVERRIDE_PATCH,
     AttributePatch(NAME, MODULE, "MTPModelTypes", _make_types, _check_types),
 )
 
