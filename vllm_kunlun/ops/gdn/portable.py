@@ -111,6 +111,57 @@ def causal_conv1d_varlen(
     return out
 
 
+def _conv_multi_uniform(
+    x: torch.Tensor,
+    conv_state: torch.Tensor,
+    w: torch.Tensor,
+    bias: torch.Tensor | None,
+    activation: str | bool | None,
+    slots: list[int],
+    starts: list[int],
+    accepted: list[int] | None,
+    out: torch.Tensor,
+) -> bool:
+    """``causal_conv1d_multi`` for the common batch (every sequence ``L`` tokens, no
+    padding slot) in one pass; False (nothing done) otherwise."""
+    n = len(starts) - 1
+    slots = slots[:n]
+    if n == 0 or PAD_SLOT_ID in slots:
+        return False
+    length = starts[1] - starts[0]
+    if length == 0 or any(starts[i + 1] - starts[i] != length for i in range(n)):
+        return False
+    width = w.shape[-1]
+    dim = x.shape[-1]
+    slot_t = torch.tensor(slots, device=conv_state.device)
+    offsets = torch.tensor(
+        [a - 1 for a in accepted] if accepted is not None else [0] * n,
+        device=conv_state.device,
+    )
+    pool = conv_state.index_select(0, slot_t).to(torch.float32)  # [n, dim, S]
+    cols = offsets[:, None] + torch.arange(width - 1, device=pool.device)  # [n, K-1]
+    history = pool.gather(2, cols[:, None, :].expand(n, dim, width - 1))
+    new = x[starts[0] : starts[0] + n * length].to(torch.float32)
+    new = new.view(n, length, dim).transpose(1, 2)  # [n, dim, L]
+    window = torch.cat([history, new], dim=-1)  # [n, dim, K - 1 + L]
+    y = sum(w[None, :, j, None] * window[:, :, j : j + length] for j in range(width))
+    if bias is not None:
+        y = y + bias.to(torch.float32)[None, :, None]
+    y = _activate(y, activation)  # [n, dim, L]
+    out[starts[0] : starts[0] + n * length] = (
+        y.transpose(1, 2).reshape(n * length, dim).to(x.dtype)
+    )
+    if accepted is not None:
+        kept = pool.gather(
+            2, (cols[:, 1:])[:, None, :].expand(n, dim, width - 2)
+        )  # columns a .. a + K - 3
+        state = torch.cat([kept, new], dim=-1)
+    else:
+        state = window[:, :, -(width - 1) :]
+    conv_state[slot_t, :, : state.shape[-1]] = state.to(conv_state.dtype)
+    return True
+
+
 def causal_conv1d_multi(
     x: torch.Tensor,
     conv_state: torch.Tensor,
@@ -142,6 +193,11 @@ def causal_conv1d_multi(
     slots = (idx[:, 0] if idx.dim() == 2 else idx).tolist()
     accepted = num_accepted_tokens.tolist() if num_accepted_tokens is not None else None
     w = weight.to(torch.float32)  # [dim, K]
+    fast = _conv_multi_uniform(
+        x, conv_state, w, bias, activation, slots, starts, accepted, out
+    )
+    if fast:
+        return out
     for n, slot in enumerate(slots[: len(starts) - 1]):
         start, end = starts[n], starts[n + 1]
         if slot == PAD_SLOT_ID or end == start:
@@ -321,21 +377,39 @@ def _recurrent_per_token_states(
     state_indices: torch.Tensor,
     num_accepted_tokens: torch.Tensor | None,
 ) -> torch.Tensor:
+    """All sequences together, token ``t`` of each per iteration (a speculative step
+    has at most ``num_spec + 1`` tokens): the recurrence of ``recurrent_gated_delta_
+    rule``, each token's state written to its own slot."""
     slots = state_indices.tolist()
     accepted = (
         num_accepted_tokens.tolist()
         if num_accepted_tokens is not None
         else [1] * len(bounds)
     )
-    for n, (start, end) in enumerate(bounds):
-        if end == start or slots[n][0] == PAD_SLOT_ID:
-            continue
-        h = state[slots[n][accepted[n] - 1]].to(torch.float32)
-        for t in range(end - start):
-            p = start + t
-            h, out[p] = _step(h, qf[p], kf[p], vf[p], gf[p], bf[p])
-            if slots[n][t] != PAD_SLOT_ID:
-                state[slots[n][t]] = h.to(state.dtype)
+    live = [
+        n for n, (s, e) in enumerate(bounds) if e > s and slots[n][0] != PAD_SLOT_ID
+    ]
+    if not live:
+        return out.unsqueeze(0)
+    first = torch.tensor([slots[n][accepted[n] - 1] for n in live], device=state.device)
+    h = state.index_select(0, first).to(torch.float32)  # [n, HV, dk, dv]
+    starts = torch.tensor([bounds[n][0] for n in live], device=vf.device)
+    lengths = [bounds[n][1] - bounds[n][0] for n in live]
+    for t in range(max(lengths)):
+        rows = [i for i, length in enumerate(lengths) if t < length]
+        sel = torch.tensor(rows, device=vf.device)
+        pos = starts.index_select(0, sel) + t
+        h_t = h.index_select(0, sel) * gf[pos].exp()[..., None, None]
+        u = (vf[pos] - torch.einsum("nhkv,nhk->nhv", h_t, kf[pos])) * bf[pos][..., None]
+        h_t = h_t + kf[pos].unsqueeze(-1) * u.unsqueeze(-2)
+        out.index_copy_(0, pos, torch.einsum("nhkv,nhk->nhv", h_t, qf[pos]))
+        h.index_copy_(0, sel, h_t)
+        writes = [(j, slots[live[i]][t]) for j, i in enumerate(rows)]
+        writes = [(j, slot) for j, slot in writes if slot != PAD_SLOT_ID]
+        if writes:
+            src = torch.tensor([j for j, _ in writes], device=vf.device)
+            dst = torch.tensor([slot for _, slot in writes], device=state.device)
+            state.index_copy_(0, dst, h_t.index_select(0, src).to(state.dtype))
     return out.unsqueeze(0)
 
 
