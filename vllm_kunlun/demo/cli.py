@@ -122,10 +122,8 @@ def run_tiny_model_command(args: argparse.Namespace) -> int:
         )
 
     mtp = bool(getattr(args, "mtp", False))
-    if mtp and (args.arch != "qwen3_5" or quant is not None):
-        return _tiny_model_refused(
-            "--mtp applies to --arch qwen3_5 without --quant (the trained composite)"
-        )
+    if mtp and args.arch != "qwen3_5":
+        return _tiny_model_refused("--mtp applies to --arch qwen3_5 (the composite)")
 
     from vllm_kunlun.demo.tiny_model import OutputDirError, checksum, prepare_output_dir
 
@@ -139,11 +137,19 @@ def run_tiny_model_command(args: argparse.Namespace) -> int:
         from vllm_kunlun.demo.tiny_qwen3_5_mtp import TinyQwen3_5MtpSpec
 
         mtp_spec = TinyQwen3_5MtpSpec()
-        out = write_tiny_model(args.directory, mtp_spec)
         what = (
             f"tiny Qwen3.5 hybrid ({mtp_spec.architecture}) with a trained MTP head "
             f"({mtp_spec.train_steps} training steps)"
         )
+        if quant == "w8a8":
+            from vllm_kunlun.demo.tiny_quant import write_tiny_w8a8
+
+            out = write_tiny_w8a8(args.directory, mtp_spec)
+            what += (
+                " W8A8-INT8 (text linears and the MTP head int8; vision, lm_head float)"
+            )
+        else:
+            out = write_tiny_model(args.directory, mtp_spec)
     elif args.arch in ("qwen3_5", "qwen3_5_moe"):
         from vllm_kunlun.demo.tiny_model import write_tiny_model
         from vllm_kunlun.demo.tiny_qwen3_5 import TinyQwen3_5Spec

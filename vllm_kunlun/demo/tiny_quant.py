@@ -41,6 +41,10 @@ QWEN3_5_LINEAR_WEIGHTS = (
     r"\.\w+_proj(_\w+)?\.weight"
 )
 QWEN3_5_IGNORE = ("lm_head", "re:.*visual.*", "re:.*mtp.*")
+# The trained tiny with an MTP head (``--mtp``): the head's fc and its decoder layer's
+# linears are int8 too, as in released W8A8 Qwen3.5 checkpoints; its norms stay float.
+QWEN3_5_MTP_LINEAR_WEIGHTS = r"mtp\.(fc|layers\.\d+\.(self_attn|mlp)\.\w+_proj)\.weight"
+QWEN3_5_MTP_IGNORE = ("lm_head", "re:.*visual.*")
 # Qwen3.5-MoE adds the shared expert and every routed expert's projections; the router
 # (``mlp.gate``) and the shared-expert gate stay float, as released W8A8 checkpoints
 # list them in ``ignore``.
@@ -189,7 +193,8 @@ def write_tiny_w8a8(
     directory: str | os.PathLike[str], spec: TinyQwen3_5Spec | None = None
 ) -> Path:
     """The tiny Qwen3 (``spec`` None) or the tiny Qwen3.5 of ``spec``, quantized to
-    W8A8-INT8 dynamic; what stays float is ``QWEN3_IGNORE`` / ``QWEN3_5_IGNORE``."""
+    W8A8-INT8 dynamic; what stays float is ``QWEN3_IGNORE`` / ``QWEN3_5_IGNORE`` (with
+    a trained MTP head, ``QWEN3_5_MTP_IGNORE``: the head is int8 too)."""
     from safetensors import safe_open
 
     from vllm_kunlun.demo.tiny_model import MARKER, write_atomic, write_tiny_model
@@ -203,6 +208,10 @@ def write_tiny_w8a8(
     elif getattr(spec, "num_experts", 0):
         weights = select(names, QWEN3_5_MOE_LINEAR_WEIGHTS)
         quantize_checkpoint(out, weights, QWEN3_5_MOE_IGNORE)
+    elif getattr(spec, "mtp_num_hidden_layers", 0):
+        weights = select(names, QWEN3_5_LINEAR_WEIGHTS)
+        weights += select(names, QWEN3_5_MTP_LINEAR_WEIGHTS)
+        quantize_checkpoint(out, weights, QWEN3_5_MTP_IGNORE)
     else:
         weights = select(names, QWEN3_5_LINEAR_WEIGHTS)
         quantize_checkpoint(out, weights, QWEN3_5_IGNORE)

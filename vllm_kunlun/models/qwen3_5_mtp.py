@@ -205,6 +205,7 @@ class Qwen3_5MTP(TextWeightLoading, nn.Module):
             name
             for name, _ in self.named_parameters()
             if name.startswith(("model.fc.", "model.layers."))
+            and name.endswith(".weight")  # not the scales quantization methods add
             and ".mlp.experts." not in name
             and name not in loaded
         )
