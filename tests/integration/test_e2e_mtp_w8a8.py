@@ -25,6 +25,7 @@ from tests.conftest import run_python
 from tests.integration.test_e2e_emulation import run_spec
 from tests.integration.test_e2e_mtp import GREEDY_JOBS, LLM_ARGS
 from tests.integration.w8a8_reference import assert_greedy_matches
+from vllm_kunlun.demo.tiny_model import default_cache_dir, ensure_tiny_model
 from vllm_kunlun.demo.tiny_quant import ensure_tiny_w8a8, w8a8_cache_dir
 from vllm_kunlun.demo.tiny_qwen3_5_mtp import TinyQwen3_5MtpSpec
 
@@ -36,7 +37,9 @@ INT8_KERNEL = "vllm_kunlun.quantization.int8_kernel.KunlunInt8ScaledMMLinearKern
 @pytest.fixture(scope="module")
 def model_dir() -> str:
     spec = TinyQwen3_5MtpSpec()
-    return str(ensure_tiny_w8a8(w8a8_cache_dir(spec), spec))
+    # Quantized from the float model test_e2e_mtp.py uses (trained once).
+    float_dir = ensure_tiny_model(default_cache_dir(spec), spec)
+    return str(ensure_tiny_w8a8(w8a8_cache_dir(spec), spec, float_dir))
 
 
 @pytest.fixture(scope="module")

@@ -179,27 +179,46 @@ def w8a8_cache_dir(spec: TinyQwen3_5Spec | None = None) -> Path:
 
 
 def ensure_tiny_w8a8(
-    directory: str | os.PathLike[str], spec: TinyQwen3_5Spec | None = None
+    directory: str | os.PathLike[str],
+    spec: TinyQwen3_5Spec | None = None,
+    float_dir: str | os.PathLike[str] | None = None,
 ) -> Path:
-    """Build the W8A8 checkpoint into ``directory`` unless a complete one is there."""
+    """Build the W8A8 checkpoint into ``directory`` unless a complete one is there;
+    from a complete float checkpoint of ``spec`` in ``float_dir`` when given (the
+    trained MTP model is not trained twice)."""
     from vllm_kunlun.demo.tiny_model import has_marker
 
     if not has_marker(directory, w8a8_marker(spec)):
-        write_tiny_w8a8(directory, spec)
+        write_tiny_w8a8(directory, spec, float_dir)
     return Path(directory)
 
 
 def write_tiny_w8a8(
-    directory: str | os.PathLike[str], spec: TinyQwen3_5Spec | None = None
+    directory: str | os.PathLike[str],
+    spec: TinyQwen3_5Spec | None = None,
+    float_dir: str | os.PathLike[str] | None = None,
 ) -> Path:
     """The tiny Qwen3 (``spec`` None) or the tiny Qwen3.5 of ``spec``, quantized to
     W8A8-INT8 dynamic; what stays float is ``QWEN3_IGNORE`` / ``QWEN3_5_IGNORE`` (with
     a trained MTP head, ``QWEN3_5_MTP_IGNORE``: the head is int8 too)."""
     from safetensors import safe_open
 
-    from vllm_kunlun.demo.tiny_model import MARKER, write_atomic, write_tiny_model
+    from vllm_kunlun.demo.tiny_model import (
+        MARKER,
+        is_tiny_model,
+        prepare_output_dir,
+        write_atomic,
+        write_tiny_model,
+    )
 
-    out = write_tiny_model(directory, spec)
+    if float_dir is not None and is_tiny_model(float_dir, spec):
+        import shutil
+
+        out = prepare_output_dir(directory)
+        for name in os.listdir(float_dir):
+            shutil.copy2(Path(float_dir) / name, out / name)
+    else:
+        out = write_tiny_model(directory, spec)
     (out / MARKER).unlink()  # complete again only once quantized
     with safe_open(str(out / WEIGHTS_FILE), "pt") as f:
         names = list(f.keys())
