@@ -77,10 +77,23 @@ SEEDED_B = {  # the same seeded requests with other company, in another order
 }
 
 
+def trained_model_dir() -> Path:
+    """The trained tiny MTP model in the shared cache, built once: the suite runs
+    modules on two xdist workers and this one and test_e2e_mtp_w8a8.py both need it
+    (a file lock keeps the two from writing the same files at once)."""
+    import fcntl
+
+    spec = TinyQwen3_5MtpSpec()
+    target = default_cache_dir(spec)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with open(target.with_name(target.name + ".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        return ensure_tiny_model(target, spec)
+
+
 @pytest.fixture(scope="module")
 def model_dir() -> str:
-    spec = TinyQwen3_5MtpSpec()
-    return str(ensure_tiny_model(default_cache_dir(spec), spec))
+    return str(trained_model_dir())
 
 
 @pytest.fixture(scope="module")

@@ -23,9 +23,8 @@ import pytest
 
 from tests.conftest import run_python
 from tests.integration.test_e2e_emulation import run_spec
-from tests.integration.test_e2e_mtp import GREEDY_JOBS, LLM_ARGS
+from tests.integration.test_e2e_mtp import GREEDY_JOBS, LLM_ARGS, trained_model_dir
 from tests.integration.w8a8_reference import assert_greedy_matches
-from vllm_kunlun.demo.tiny_model import default_cache_dir, ensure_tiny_model
 from vllm_kunlun.demo.tiny_quant import ensure_tiny_w8a8, w8a8_cache_dir
 from vllm_kunlun.demo.tiny_qwen3_5_mtp import TinyQwen3_5MtpSpec
 
@@ -38,8 +37,7 @@ INT8_KERNEL = "vllm_kunlun.quantization.int8_kernel.KunlunInt8ScaledMMLinearKern
 def model_dir() -> str:
     spec = TinyQwen3_5MtpSpec()
     # Quantized from the float model test_e2e_mtp.py uses (trained once).
-    float_dir = ensure_tiny_model(default_cache_dir(spec), spec)
-    return str(ensure_tiny_w8a8(w8a8_cache_dir(spec), spec, float_dir))
+    return str(ensure_tiny_w8a8(w8a8_cache_dir(spec), spec, trained_model_dir()))
 
 
 @pytest.fixture(scope="module")
