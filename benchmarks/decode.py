@@ -28,6 +28,16 @@ and the ratio of each engine's output tok/s to the baseline's (native / eager).
     python benchmarks/decode.py --device cuda --json out.json
     python benchmarks/decode.py --plot decode.png        # and a picture (matplotlib)
 
+``--spec mtp``: MTP speculative decoding instead of the sampler comparison. Engines
+``mtp1``, ``mtp2``, ``mtp3`` (1, 2, 3 speculative tokens) and ``none`` (no speculation,
+the baseline) serve the tiny Qwen3.5 composite whose MTP head is trained
+(``vllm-kunlun tiny-model --arch qwen3_5 --mtp``), greedy, on prompts of its synthetic
+language (default 4 sequences, 16-word prompts, 64 tokens). Besides output tok/s each
+row reports the acceptance from vLLM's spec-decode counters (accepted / drafted tokens,
+and the mean accepted length per step, the bonus token included).
+
+    python benchmarks/decode.py --spec mtp --repeats 3
+
 Host emulation numbers measure the plugin's code paths on a CPU, not a Kunlun card.
 """
 
@@ -63,8 +73,45 @@ class Engine:
     llm: dict[str, Any] = field(default_factory=dict)
 
 
+SPEC_TOKENS = (1, 2, 3)
+
+
+def spec_engines(args: argparse.Namespace) -> list[Engine]:
+    """``--spec mtp``: one engine per number of speculative tokens, then none.
+
+    One torch thread each: four engines share the host, and the tiny model gains
+    nothing from more (less noise between alternating runs)."""
+    env = {"VLLM_KUNLUN_HOST_EMULATION": "1", "OMP_NUM_THREADS": "1"}
+    llm: dict[str, Any] = {
+        "max_num_seqs": args.num_seqs,
+        "max_model_len": args.prompt_len + args.output_len + 16,
+        "max_num_batched_tokens": max(args.num_seqs * args.prompt_len, 512),
+        "enable_prefix_caching": False,
+        "seed": 0,
+        "dtype": "float32",
+        "enforce_eager": True,
+        "disable_log_stats": False,  # the spec-decode counters
+    }
+    out = [
+        Engine(
+            f"mtp{n}",
+            "ours",
+            False,
+            env,
+            {
+                **llm,
+                "speculative_config": {"method": "mtp", "num_speculative_tokens": n},
+            },
+        )
+        for n in SPEC_TOKENS
+    ]
+    return [*out, Engine("none", "ours", False, env, llm)]
+
+
 def engines(args: argparse.Namespace) -> list[Engine]:
     """The engines to compare; the last one is the baseline of the ratio."""
+    if getattr(args, "spec", None) == "mtp":
+        return spec_engines(args)
     common: dict[str, Any] = {
         "max_num_seqs": args.num_seqs,
         "max_model_len": args.prompt_len + args.output_len + 16,
@@ -166,7 +213,12 @@ def serve_child(spec: dict[str, Any]) -> None:
     if spec.get("vllm_sampler"):
         llm.collective_rpc(USE_VLLM_SAMPLER_METHOD)
     reply({"ready": time.perf_counter() - start})
-    texts = prompts(spec["num_seqs"], spec["prompt_len"])
+    if spec.get("language"):  # --spec mtp: the trained model's own language
+        from vllm_kunlun.demo.tiny_qwen3_5_mtp import language_prompts
+
+        texts = language_prompts([spec["prompt_len"]] * spec["num_seqs"])
+    else:
+        texts = prompts(spec["num_seqs"], spec["prompt_len"])
     sampling = {"temperature": 1.0, "ignore_eos": True, **spec["sampling"]}
     for line in sys.stdin:
         command, *rest = line.split()
@@ -181,8 +233,33 @@ def serve_child(spec: dict[str, Any]) -> None:
         elif command == "info":
             (info,) = llm.collective_rpc(SERVING_INFO_METHOD)
             reply({"info": info})
+        elif command == "metrics":
+            reply({"metrics": spec_metrics(llm)})
         else:
             return
+
+
+def spec_metrics(llm: Any) -> dict[str, Any]:
+    """vLLM's spec-decode counters (cumulative since the engine started)."""
+    return {
+        m.name: getattr(m, "value", None) or getattr(m, "values", None)
+        for m in llm.get_metrics()
+        if m.name.startswith("vllm:spec_decode")
+    }
+
+
+def acceptance(metrics: dict[str, Any]) -> dict[str, float] | None:
+    """Accepted / drafted tokens and the mean tokens per verification step (accepted
+    drafts plus the token the target adds), from ``spec_metrics``."""
+    drafted = metrics.get("vllm:spec_decode_num_draft_tokens") or 0
+    steps = metrics.get("vllm:spec_decode_num_drafts") or 0
+    if not drafted or not steps:
+        return None
+    accepted = metrics.get("vllm:spec_decode_num_accepted_tokens") or 0
+    return {
+        "acceptance_rate": accepted / drafted,
+        "mean_accepted_length": 1 + accepted / steps,
+    }
 
 
 REPLY = "DECODE-BENCH "
@@ -205,6 +282,11 @@ def model_dir(args: argparse.Namespace) -> str:
         ensure_tiny_model,
     )
 
+    if getattr(args, "spec", None) == "mtp":
+        from vllm_kunlun.demo.tiny_qwen3_5_mtp import TinyQwen3_5MtpSpec
+
+        mtp = TinyQwen3_5MtpSpec()
+        return str(ensure_tiny_model(default_cache_dir(mtp), mtp))
     target = default_cache_dir().with_name(f"tiny-qwen3-vocab{VOCAB}")
     return str(ensure_tiny_model(target, TinyQwen3Spec(vocab_size=VOCAB)))
 
@@ -219,9 +301,15 @@ def child_spec(engine: Engine, args: argparse.Namespace, model: str) -> dict[str
         "vllm_sampler": engine.sampler == "native",
         "num_seqs": args.num_seqs,
         "prompt_len": args.prompt_len,
+        "language": getattr(args, "spec", None) == "mtp",
         "sampling": {
             k: v
-            for k, v in (("top_k", args.top_k), ("top_p", args.top_p))
+            for k, v in (
+                ("top_k", args.top_k),
+                ("top_p", args.top_p),
+                # --spec mtp decodes greedily: the same tokens with and without it.
+                ("temperature", 0.0 if getattr(args, "spec", None) else None),
+            )
             if v is not None
         },
     }
@@ -302,6 +390,15 @@ def measure(children: list[Child], args: argparse.Namespace) -> list[dict[str, A
         e = child.engine
         info = child.ask("info")["info"]
         check_served(e, info)
+        spec = e.llm.get("speculative_config")
+        extra: dict[str, Any] = {}
+        if spec is not None:
+            metrics = child.ask("metrics")["metrics"]
+            extra = {
+                "num_speculative_tokens": spec["num_speculative_tokens"],
+                "spec_metrics": metrics,
+                **(acceptance(metrics) or {}),
+            }
         rows.append(
             {
                 "engine": e.name,
@@ -315,12 +412,36 @@ def measure(children: list[Child], args: argparse.Namespace) -> list[dict[str, A
                 "t_runs_s": tm[e.name],
                 **summarize(t1[e.name], tm[e.name], n, m),
                 "serving": info,
+                **extra,
             }
         )
     return rows
 
 
+def spec_table(rows: list[dict[str, Any]], baseline: str) -> str:
+    base = next(r for r in rows if r["engine"] == baseline)["output_tok_s"]
+    lines = [
+        "| engine | speculative tokens | sequences | prompt/output | output tok/s | "
+        "acceptance | mean accepted length | vs " + baseline + " |",
+        "|---|---:|---:|---|---:|---:|---:|---:|",
+    ]
+    for r in rows:
+        n = r.get("num_speculative_tokens")
+        rate = r.get("acceptance_rate")
+        length = r.get("mean_accepted_length")
+        lines.append(
+            f"| {r['engine']} | {n or 0} | {r['num_seqs']} | "
+            f"{r['prompt_len']}/{r['output_len']} | {r['output_tok_s']:.1f} | "
+            f"{'-' if rate is None else f'{rate:.0%}'} | "
+            f"{'-' if length is None else f'{length:.2f}'} | "
+            f"{r['output_tok_s'] / base:.2f}x |"
+        )
+    return "\n".join(lines)
+
+
 def table(rows: list[dict[str, Any]], baseline: str) -> str:
+    if any("num_speculative_tokens" in r for r in rows):
+        return spec_table(rows, baseline)
     base = next(r for r in rows if r["engine"] == baseline)["output_tok_s"]
     lines = [
         "| engine | sampler | graphs | sequences | prompt/output | output tok/s | "
@@ -372,8 +493,18 @@ def load_plots() -> ModuleType:
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--num-seqs", type=int, default=256)
-    parser.add_argument("--prompt-len", type=int, default=8, help="words per prompt")
+    parser.add_argument(
+        "--spec",
+        choices=("mtp",),
+        help="mtp: MTP speculative decoding with 1, 2, 3 tokens against none (the "
+        "trained tiny Qwen3.5, host emulation, greedy)",
+    )
+    parser.add_argument(
+        "--num-seqs", type=int, help="concurrent sequences (256; 4 with --spec)"
+    )
+    parser.add_argument(
+        "--prompt-len", type=int, help="words per prompt (8; 16 with --spec)"
+    )
     parser.add_argument("--output-len", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
@@ -385,7 +516,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--engines",
         default="",
-        help="comma-separated subset: ours, native (cpu); graphs, eager (cuda)",
+        help="comma-separated subset: ours, native (cpu); graphs, eager (cuda); "
+        "mtp1, mtp2, mtp3, none (--spec mtp)",
     )
     parser.add_argument("--json", type=Path, help="also write the results here")
     parser.add_argument(
@@ -395,6 +527,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "needs matplotlib (pip install 'vllm-kunlun[bench]')",
     )
     args = parser.parse_args(argv)
+    if args.num_seqs is None:
+        args.num_seqs = 4 if args.spec else 256
+    if args.prompt_len is None:
+        args.prompt_len = 16 if args.spec else 8
+    if args.spec and args.device != "cpu":
+        parser.error("--spec mtp runs in host emulation (--device cpu)")
     valid = [e.name for e in engines(args)]
     unknown = [n for n in _names(args.engines) if n not in valid]
     if unknown:
@@ -439,6 +577,8 @@ def main(argv: list[str] | None = None) -> int:
                 child.close()
     print(table(rows, baseline=rows[-1]["engine"]))
     for r in rows:
+        if "spec_metrics" in r:
+            print(f"{r['engine']}: vLLM spec-decode counters {r['spec_metrics']}")
         print(
             f"{r['engine']}: engine start {r['engine_start_s']:.1f} s; T1 runs "
             f"{_secs(r['t1_runs_s'])}; T runs {_secs(r['t_runs_s'])}; served by "

@@ -17,13 +17,14 @@ Spec: {"backend": "vllm" | "hf", "model": DIR, "llm": {LLM kwargs},
        "hf_jobs": [jobs for a transformers greedy reference after the engine jobs],
        "hf_also": {"model": DIR, "jobs": [...]} (a reference on another checkpoint),
        "hf_cache": bool (reference decodes with transformers' cache, not recompute),
+       "metrics": bool (record vLLM's spec_decode counters after the jobs),
        "post": "module:function" run after the engine jobs with (spec, result)}
 A request with "image" carries a small image (multi_modal_data); a job with
 "expect_error" records the error vLLM raises for it instead of failing the run.
 Result: {"jobs": {name: [{"prompt_token_ids", "token_ids", "text",
          "num_cached_tokens", "logprobs", "top_logprobs"}] or [{"error": str | None}]},
          "hf": {name: [...]}, "hf_also": {name: [...]}, "post": ...,
-         "exponential_calls": [stack], "serving": [...],
+         "exponential_calls": [stack], "serving": [...], "metrics": {name: value},
          "ranks": [RankProbe records, one per rank], "error": str | None}
 """
 
@@ -147,6 +148,14 @@ def run_vllm(spec: dict[str, Any]) -> dict[str, Any]:
                 }
                 for o in outputs
             ]
+        if spec.get("metrics"):
+            # vLLM's own counters (speculative decoding's drafts and acceptances);
+            # the LLM needs disable_log_stats=False.
+            result["metrics"] = {
+                m.name: getattr(m, "value", None) or getattr(m, "values", None)
+                for m in llm.get_metrics()
+                if m.name.startswith("vllm:spec_decode")
+            }
         # After the jobs: the report counts the kernel calls that served them.
         result["serving"] = llm.collective_rpc(SERVING_INFO_METHOD)
         if probe is not None:

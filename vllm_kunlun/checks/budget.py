@@ -116,10 +116,27 @@ class ModelShape:
     shared_expert_intermediate_size: int = 0
     max_num_batched_tokens: int = 0
     """Tokens in one engine step (--max-num-batched-tokens); 0: vLLM's default."""
+    mtp_layers: int = 0
+    """The checkpoint's MTP head layers (``mtp_num_hidden_layers``)."""
+    num_spec: int = 0
+    """Speculative tokens per step (MTP); 0: no speculative decoding."""
 
     @property
     def attention_layers(self) -> int:
         return self.num_layers - self.linear_layers
+
+    @property
+    def draft_attention_layers(self) -> int:
+        """Attention layers the MTP draft adds (their KV cache beside the target's)."""
+        return self.mtp_layers if self.num_spec else 0
+
+    def with_speculation(self, num_spec: int) -> ModelShape:
+        """``num_spec`` speculative tokens per step (vLLM 0.15.1, method mtp on a
+        hybrid): every GDN layer keeps ``1 + num_spec`` state blocks per sequence
+        (one per query token, ``num_speculative_blocks``) whose conv part is
+        ``num_spec`` columns wider, the draft's attention layers hold KV for every
+        token, and the sampler sees ``1 + num_spec`` rows per sequence."""
+        return dataclasses.replace(self, num_spec=max(0, int(num_spec)))
 
     @property
     def dtype_bytes(self) -> int:
@@ -286,13 +303,15 @@ class ModelShape:
             shared_expert_intermediate_size=moe_dim(
                 "shared_expert_intermediate_size", minimum=0
             ),
+            mtp_layers=positive("mtp_num_hidden_layers", 0, minimum=0),
         )
 
     def kv_bytes_per_token(self, tp: int) -> int:
         """K and V of every attention layer on one card (KV heads split over TP,
         replicated when TP exceeds them)."""
         heads = max(1, self.num_kv_heads // tp)
-        return 2 * self.attention_layers * heads * self.head_dim * self.dtype_bytes
+        layers = self.attention_layers + self.draft_attention_layers
+        return 2 * layers * heads * self.head_dim * self.dtype_bytes
 
     def state_page_bytes(self, tp: int) -> int:
         """One GDN layer's conv + recurrent state of one sequence on one card, unpadded
@@ -303,7 +322,7 @@ class ModelShape:
             2 * self.linear_num_key_heads * self.linear_key_head_dim
             + self.linear_num_value_heads * self.linear_value_head_dim
         )
-        conv = (self.linear_conv_kernel_dim - 1) * (conv_dim // tp)
+        conv = (self.linear_conv_kernel_dim - 1 + self.num_spec) * (conv_dim // tp)
         recurrent = (
             (self.linear_num_value_heads // tp)
             * self.linear_key_head_dim
@@ -333,8 +352,10 @@ class ModelShape:
         )
 
     def state_bytes_per_seq(self, tp: int) -> int:
-        """Gated-delta-net state of one sequence on one card, padding included."""
-        return self.linear_layers * self.padded_state_page_bytes(tp)
+        """Gated-delta-net state of one sequence on one card, padding included (one
+        block per query token under speculative decoding)."""
+        blocks = 1 + self.num_spec
+        return self.linear_layers * blocks * self.padded_state_page_bytes(tp)
 
 
 CONFIG_RANGE_FIX = (
@@ -384,6 +405,8 @@ class Budget:
     activation_tokens: int = 0
     pp: int = 1
     """Pipeline stages: weights, KV cache and state are the busiest stage's."""
+    num_spec: int = 0
+    """Speculative tokens per step (counted in the state, KV and sampler lines)."""
 
     @property
     def budget_bytes(self) -> float:
@@ -467,6 +490,16 @@ class Budget:
                 if self.padded_state_page_bytes > self.state_page_bytes
                 else []
             ),
+            *(
+                [
+                    f"speculative decoding: {self.num_spec} tokens per step: "
+                    f"{1 + self.num_spec} GDN state blocks per layer and sequence "
+                    f"(conv {self.num_spec} columns wider), the MTP draft's KV in "
+                    f"the per-token KV, sampler rows x {1 + self.num_spec}"
+                ]
+                if self.num_spec
+                else []
+            ),
             f"linear-attention state = {self.max_num_seqs} seqs x "
             f"{self.state_bytes // max(self.max_num_seqs, 1)} B = {gib(self.state_bytes)}",
             f"activation headroom = sampler {gib(self.sampler_bytes)} + reserve "
@@ -490,11 +523,13 @@ def estimate(
     weights_bytes: int | None,
     reserve_gib: float = DEFAULT_RESERVE_GIB,
     pp: int = 1,
+    num_spec: int = 0,
 ) -> Budget:
     """``shape`` is the whole model and ``weights_bytes`` one TP rank's share of all
-    layers; with ``pp`` stages each card holds the busiest stage's part of both."""
+    layers; with ``pp`` stages each card holds the busiest stage's part of both;
+    ``num_spec`` speculative tokens per step (``ModelShape.with_speculation``)."""
     tokens = shape.batched_tokens(device_bytes) if shape.is_moe else 0
-    shape = shape.stage(pp)
+    shape = shape.stage(pp).with_speculation(num_spec)
     if weights_bytes is not None:
         weights_bytes = -(-weights_bytes // pp)
     return Budget(
@@ -506,7 +541,12 @@ def estimate(
         weights_bytes=weights_bytes,
         kv_bytes_per_token=shape.kv_bytes_per_token(tp),
         state_bytes=max_num_seqs * shape.state_bytes_per_seq(tp),
-        sampler_bytes=SAMPLER_BUFFERS * max_num_seqs * shape.vocab_size * 4,
+        sampler_bytes=SAMPLER_BUFFERS
+        * max_num_seqs
+        * (1 + shape.num_spec)
+        * shape.vocab_size
+        * 4,
+        num_spec=shape.num_spec,
         reserve_bytes=int(reserve_gib * GIB),
         state_page_bytes=shape.state_page_bytes(tp),
         padded_state_page_bytes=shape.padded_state_page_bytes(tp),
@@ -741,6 +781,7 @@ def check_kv_budget(ctx: Context, device_runtime: Any = None) -> Finding:
         weights_bytes=weights,
         reserve_gib=DEFAULT_RESERVE_GIB if ctx.reserve_gib is None else ctx.reserve_gib,
         pp=ctx.pipeline_parallel_size,
+        num_spec=ctx.num_speculative_tokens,
     )
     details: dict[str, Any] = {
         "device_memory_source": device_source,

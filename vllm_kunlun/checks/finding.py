@@ -48,6 +48,8 @@ class Context:
     gpu_memory_utilization: float = 0.9
     mamba_cache_dtype: str = "auto"
     """vLLM's --mamba-cache-dtype: dtype of the linear-attention (GDN) state."""
+    num_speculative_tokens: int = 0
+    """``num_speculative_tokens`` of --speculative-config (MTP); 0: none."""
     dev_root: str = "/dev"
     cwd: str = field(default_factory=os.getcwd)
     """Directory a relative ``--model`` is resolved against (vLLM uses the cwd)."""

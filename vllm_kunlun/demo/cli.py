@@ -104,6 +104,13 @@ def add_parser(sub: Any) -> None:
         "per-token int8 activations; lm_head, and for qwen3_5 the vision tower and "
         "the MTP head, for qwen3_5_moe also the routers, stay float)",
     )
+    t.add_argument(
+        "--mtp",
+        action="store_true",
+        help="qwen3_5 only: the composite with a complete multi-token-prediction head, "
+        "model and head trained for seconds on the CPU on a small synthetic language "
+        "(so MTP speculative decoding accepts drafts)",
+    )
     t.set_defaults(func=run_tiny_model_command)
 
 
@@ -114,6 +121,10 @@ def run_tiny_model_command(args: argparse.Namespace) -> int:
             "--layout applies to --arch qwen3_5 and qwen3_5_moe only"
         )
 
+    mtp = bool(getattr(args, "mtp", False))
+    if mtp and args.arch != "qwen3_5":
+        return _tiny_model_refused("--mtp applies to --arch qwen3_5 (the composite)")
+
     from vllm_kunlun.demo.tiny_model import OutputDirError, checksum, prepare_output_dir
 
     try:
@@ -121,7 +132,25 @@ def run_tiny_model_command(args: argparse.Namespace) -> int:
         prepare_output_dir(args.directory)
     except OutputDirError as exc:
         return _tiny_model_refused(str(exc))
-    if args.arch in ("qwen3_5", "qwen3_5_moe"):
+    if mtp:
+        from vllm_kunlun.demo.tiny_model import write_tiny_model
+        from vllm_kunlun.demo.tiny_qwen3_5_mtp import TinyQwen3_5MtpSpec
+
+        mtp_spec = TinyQwen3_5MtpSpec()
+        what = (
+            f"tiny Qwen3.5 hybrid ({mtp_spec.architecture}) with a trained MTP head "
+            f"({mtp_spec.train_steps} training steps)"
+        )
+        if quant == "w8a8":
+            from vllm_kunlun.demo.tiny_quant import write_tiny_w8a8
+
+            out = write_tiny_w8a8(args.directory, mtp_spec)
+            what += (
+                " W8A8-INT8 (text linears and the MTP head int8; vision, lm_head float)"
+            )
+        else:
+            out = write_tiny_model(args.directory, mtp_spec)
+    elif args.arch in ("qwen3_5", "qwen3_5_moe"):
         from vllm_kunlun.demo.tiny_model import write_tiny_model
         from vllm_kunlun.demo.tiny_qwen3_5 import TinyQwen3_5Spec
         from vllm_kunlun.demo.tiny_qwen3_5_moe import TinyQwen3_5MoeSpec

@@ -65,6 +65,13 @@ class ServingInfo:
             kernel = getattr(scheme, "kernel", None)
             if kernel is not None:
                 linear_kernels.add(_qualname(type(kernel)))
+        # The speculative draft (MTP head): each quantized layer and its kernel.
+        drafter = getattr(getattr(runner, "drafter", None), "model", None)
+        draft_kernels = {
+            name: _qualname(type(module.scheme.kernel))
+            for name, module in (drafter.named_modules() if drafter is not None else [])
+            if getattr(getattr(module, "scheme", None), "kernel", None) is not None
+        }
         int8 = None
         if any("vllm_kunlun" in str(k) for k in linear_kernels) and runner is not None:
             from vllm_kunlun.ops.int8.seam import select_kernels as select_int8
@@ -95,6 +102,7 @@ class ServingInfo:
             **_graphs(self.vllm_config.compilation_config),  # type: ignore[attr-defined]
             "linear_kernels": sorted(k for k in linear_kernels if k),
             "int8_kernels": int8,
+            "draft_linear_kernels": draft_kernels,
             "gdn_kernels": _gdn_kernels(),
             "moe_kernels": _moe_kernels(),
             "moe_experts": _moe_experts(model),

@@ -41,6 +41,10 @@ QWEN3_5_LINEAR_WEIGHTS = (
     r"\.\w+_proj(_\w+)?\.weight"
 )
 QWEN3_5_IGNORE = ("lm_head", "re:.*visual.*", "re:.*mtp.*")
+# The trained tiny with an MTP head (``--mtp``): the head's fc and its decoder layer's
+# linears are int8 too, as in released W8A8 Qwen3.5 checkpoints; its norms stay float.
+QWEN3_5_MTP_LINEAR_WEIGHTS = r"mtp\.(fc|layers\.\d+\.(self_attn|mlp)\.\w+_proj)\.weight"
+QWEN3_5_MTP_IGNORE = ("lm_head", "re:.*visual.*")
 # Qwen3.5-MoE adds the shared expert and every routed expert's projections; the router
 # (``mlp.gate``) and the shared-expert gate stay float, as released W8A8 checkpoints
 # list them in ``ignore``.
@@ -175,26 +179,46 @@ def w8a8_cache_dir(spec: TinyQwen3_5Spec | None = None) -> Path:
 
 
 def ensure_tiny_w8a8(
-    directory: str | os.PathLike[str], spec: TinyQwen3_5Spec | None = None
+    directory: str | os.PathLike[str],
+    spec: TinyQwen3_5Spec | None = None,
+    float_dir: str | os.PathLike[str] | None = None,
 ) -> Path:
-    """Build the W8A8 checkpoint into ``directory`` unless a complete one is there."""
+    """Build the W8A8 checkpoint into ``directory`` unless a complete one is there;
+    from a complete float checkpoint of ``spec`` in ``float_dir`` when given (the
+    trained MTP model is not trained twice)."""
     from vllm_kunlun.demo.tiny_model import has_marker
 
     if not has_marker(directory, w8a8_marker(spec)):
-        write_tiny_w8a8(directory, spec)
+        write_tiny_w8a8(directory, spec, float_dir)
     return Path(directory)
 
 
 def write_tiny_w8a8(
-    directory: str | os.PathLike[str], spec: TinyQwen3_5Spec | None = None
+    directory: str | os.PathLike[str],
+    spec: TinyQwen3_5Spec | None = None,
+    float_dir: str | os.PathLike[str] | None = None,
 ) -> Path:
     """The tiny Qwen3 (``spec`` None) or the tiny Qwen3.5 of ``spec``, quantized to
-    W8A8-INT8 dynamic; what stays float is ``QWEN3_IGNORE`` / ``QWEN3_5_IGNORE``."""
+    W8A8-INT8 dynamic; what stays float is ``QWEN3_IGNORE`` / ``QWEN3_5_IGNORE`` (with
+    a trained MTP head, ``QWEN3_5_MTP_IGNORE``: the head is int8 too)."""
     from safetensors import safe_open
 
-    from vllm_kunlun.demo.tiny_model import MARKER, write_atomic, write_tiny_model
+    from vllm_kunlun.demo.tiny_model import (
+        MARKER,
+        is_tiny_model,
+        prepare_output_dir,
+        write_atomic,
+        write_tiny_model,
+    )
 
-    out = write_tiny_model(directory, spec)
+    if float_dir is not None and is_tiny_model(float_dir, spec):
+        import shutil
+
+        out = prepare_output_dir(directory)
+        for name in os.listdir(float_dir):
+            shutil.copy2(Path(float_dir) / name, out / name)
+    else:
+        out = write_tiny_model(directory, spec)
     (out / MARKER).unlink()  # complete again only once quantized
     with safe_open(str(out / WEIGHTS_FILE), "pt") as f:
         names = list(f.keys())
@@ -203,6 +227,10 @@ def write_tiny_w8a8(
     elif getattr(spec, "num_experts", 0):
         weights = select(names, QWEN3_5_MOE_LINEAR_WEIGHTS)
         quantize_checkpoint(out, weights, QWEN3_5_MOE_IGNORE)
+    elif getattr(spec, "mtp_num_hidden_layers", 0):
+        weights = select(names, QWEN3_5_LINEAR_WEIGHTS)
+        weights += select(names, QWEN3_5_MTP_LINEAR_WEIGHTS)
+        quantize_checkpoint(out, weights, QWEN3_5_MTP_IGNORE)
     else:
         weights = select(names, QWEN3_5_LINEAR_WEIGHTS)
         quantize_checkpoint(out, weights, QWEN3_5_IGNORE)

@@ -45,6 +45,13 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--max-num-seqs", type=int_range(1, MAX_SEQS), default=256)
     p.add_argument("--gpu-memory-utilization", type=fraction, default=0.9)
     p.add_argument(
+        "--num-speculative-tokens",
+        type=int_range(0, 16),
+        default=0,
+        help="num_speculative_tokens of --speculative-config (MTP): the budget counts "
+        "the extra GDN state blocks, draft KV and sampler rows (default 0: none)",
+    )
+    p.add_argument(
         "--mamba-cache-dtype",
         choices=("auto", "float32", "bfloat16", "float16"),
         default="auto",
@@ -86,6 +93,7 @@ def run(args: argparse.Namespace) -> int:
         max_num_seqs=args.max_num_seqs,
         gpu_memory_utilization=args.gpu_memory_utilization,
         mamba_cache_dtype=args.mamba_cache_dtype,
+        num_speculative_tokens=args.num_speculative_tokens,
         device_memory_bytes=(
             None
             if args.device_memory_gib is None

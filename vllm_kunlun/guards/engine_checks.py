@@ -6,7 +6,8 @@ hour later with a traceback.
   (transformers >= 5.5: no ``Qwen2VLImageProcessor.max_pixels``) raises; other
   mismatches warn once.
 - KV / state budget (doctor check ``kv_budget``): warns with the arithmetic and the
-  largest safe ``--gpu-memory-utilization``.
+  largest safe ``--gpu-memory-utilization``; speculative decoding's extra GDN state
+  blocks, draft KV and sampler rows are counted (``num_speculative_tokens``).
 - Model dimensions (the ``kv_budget`` range check, ``CONFIG_LIMITS``): a config with
   100000 layers, a million heads or a 2^30 vocabulary raises ``ModelDimensionError``
   naming the field, the value and the bound, before vLLM starts building layers (it
@@ -113,6 +114,9 @@ def engine_budget(vllm_config: VllmConfig) -> Budget | None:
         device = P800_MEMORY_BYTES
     tp = vllm_config.parallel_config.tensor_parallel_size
     path = str(model_config.model)
+    # Speculative decoding is budgeted (extra state blocks, draft KV, sampler rows),
+    # not refused.
+    spec = vllm_config.speculative_config
     return estimate(
         shape,
         device_bytes=device,
@@ -122,6 +126,7 @@ def engine_budget(vllm_config: VllmConfig) -> Budget | None:
         weights_bytes=weights_bytes_per_card(path, tp) if os.path.isdir(path) else None,
         reserve_gib=DEFAULT_RESERVE_GIB,
         pp=vllm_config.parallel_config.pipeline_parallel_size,
+        num_spec=int(spec.num_speculative_tokens or 0) if spec is not None else 0,
     )
 
 

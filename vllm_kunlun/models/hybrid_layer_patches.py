@@ -43,6 +43,21 @@ for (``PatchMismatch`` names what differs), and reverts.
   says, in a model process (``Phase.MODEL_PROCESS``: the engine core itself at TP 1).
   Removal: when vLLM commits mamba blocks only once their state is written.
 
+* ``kunlun_hybrid_prefill_drafts`` -- ``vllm.v1.worker.gpu_model_runner.GPUModelRunner.
+  take_draft_token_ids`` (the CPU and emulation runners inherit it).
+  Why: the drafter proposes tokens for every request of a step, also for one whose
+  prefill chunk was not its last (its sampled token is discarded); the scheduler then
+  schedules the rest of the prompt followed by those drafts. The runner sends such a
+  request down the prefill path (it is not decoding yet), whose Gated DeltaNet state
+  absorbs the draft tokens whether or not they are accepted, and writes only the
+  first of the request's speculative state slots: the next steps decode from a wrong
+  state (found by tests/integration/test_e2e_mtp.py: greedy output diverged from
+  transformers after a chunked prefill with MTP).
+  How: on hybrid models, drafts of requests whose sampled token was discarded this
+  step (vLLM's ``discard_request_mask``) are dropped: the prompt finishes alone and
+  drafting starts at the first decode.
+  Removal: when vLLM drafts only for requests that sampled a token.
+
 * ``kunlun_mamba_copy_block`` -- ``vllm.v1.worker.mamba_utils.collect_mamba_copy_meta``
   and ``do_mamba_copy_block`` (both or neither).
   Why: prefix caching on a hybrid model runs ``mamba_cache_mode='align'``, which copies
@@ -219,6 +234,23 @@ def fresh_decode_rows(common_attn_metadata: Any, num_decodes: int) -> torch.Tens
     return torch.nonzero(fresh).squeeze(1)
 
 
+def fresh_non_spec_rows(
+    common_attn_metadata: Any, non_spec: torch.Tensor
+) -> torch.Tensor:
+    """Like ``fresh_decode_rows`` in a speculative batch: indices among the
+    non-speculative requests (``non_spec``, CPU mask over the batch) of those with no
+    computed token and a 1-token query."""
+    m = common_attn_metadata
+    num_reqs = non_spec.shape[0]
+    qsl = m.query_start_loc_cpu[: num_reqs + 1]
+    query_lens = qsl[1:] - qsl[:-1]
+    computed = m._num_computed_tokens_cpu
+    if computed is None:
+        computed = m.compute_num_computed_tokens().cpu()
+    fresh = (computed[:num_reqs] == 0) & (query_lens == 1)
+    return torch.nonzero(fresh[non_spec]).squeeze(1)
+
+
 def zero_state_slots(layers: list[Any], slots: torch.Tensor) -> None:
     """Zero the state slots (conv and SSM) of every layer in ``layers``."""
     slots = slots.to(torch.long)
@@ -258,15 +290,19 @@ def _make_builder(original: type) -> type:
                 num_decode_draft_tokens_cpu,
                 fast_build,
             )
-            # With a prefill in the batch, has_initial_state covers every request;
-            # speculative batches reorder rows (not served on hybrid models here).
-            if (
-                metadata.num_prefills > 0
-                or metadata.num_decodes == 0
-                or metadata.spec_sequence_masks is not None
-            ):
+            # With a prefill in the batch, has_initial_state covers every request.
+            if metadata.num_prefills > 0 or metadata.num_decodes == 0:
                 return metadata
-            rows = fresh_decode_rows(common_attn_metadata, metadata.num_decodes)
+            if metadata.spec_sequence_masks is None:
+                rows = fresh_decode_rows(common_attn_metadata, metadata.num_decodes)
+            else:
+                # Speculative batch: the non-speculative decodes are the requests
+                # without draft tokens, in batch order (vLLM's builder selects
+                # them with ~spec_sequence_masks).
+                assert num_decode_draft_tokens_cpu is not None
+                rows = fresh_non_spec_rows(
+                    common_attn_metadata, num_decode_draft_tokens_cpu < 0
+                )
             if rows.numel():
                 indices = metadata.non_spec_state_indices_tensor
                 slots = indices.index_select(0, rows.to(indices.device))
@@ -452,11 +488,66 @@ CACHE_PATCH = AttributePatch(
 
 # ---- applying -----------------------------------------------------------------------------
 
+# ---- kunlun_hybrid_prefill_drafts -----------------------------------------------------
+
+GPU_RUNNER = "vllm.v1.worker.gpu_model_runner"
+
+
+def _check_drafts(module: ModuleType, original: Any) -> str | None:
+    problem = expect_params(original, "GPUModelRunner.take_draft_token_ids", ("self",))
+    if problem:
+        return problem
+    runner = getattr(module, "GPUModelRunner", None)
+    return expect_call(
+        getattr(runner, "_prepare_inputs", None),
+        "GPUModelRunner._prepare_inputs",
+        "discard_request_mask",
+    ) or expect_call(
+        getattr(runner, "_get_draft_token_ids_cpu", None),
+        "GPUModelRunner._get_draft_token_ids_cpu",
+        "draft_token_ids_cpu",
+    )
+
+
+def without_prefill_drafts(drafts: Any, discarded: Any) -> Any:
+    """``drafts`` (vLLM's ``DraftTokenIds``) with no tokens for the requests whose
+    sampled token was discarded (a prefill chunk that is not the last)."""
+    from vllm.v1.outputs import DraftTokenIds
+
+    rows = [
+        [] if bool(discarded[i]) else list(ids)
+        for i, ids in enumerate(drafts.draft_token_ids)
+    ]
+    return DraftTokenIds(list(drafts.req_ids), rows)
+
+
+def _make_drafts(original: Any) -> Any:
+    @functools.wraps(original)
+    def take_draft_token_ids(self: Any) -> Any:
+        drafts = original(self)
+        if drafts is None or not self.model_config.is_hybrid:
+            return drafts
+        discarded = self.discard_request_mask.np[: len(drafts.req_ids)]
+        return without_prefill_drafts(drafts, discarded)
+
+    return take_draft_token_ids
+
+
+PREFILL_DRAFTS = "kunlun_hybrid_prefill_drafts"
+DRAFTS_PATCH = AttributePatch(
+    PREFILL_DRAFTS,
+    GPU_RUNNER,
+    "GPUModelRunner.take_draft_token_ids",
+    _make_drafts,
+    _check_drafts,
+)
+
 PATCH_GROUPS: dict[str, tuple[AttributePatch, ...]] = {
     GDN_KERNELS: KERNEL_PATCHES,
     NEW_REQUEST_STATE: (BUILDER_PATCH,),
     MAMBA_COPY: COPY_PATCHES,
     MAMBA_CACHE: (CACHE_PATCH,),
+    PREFILL_DRAFTS: (DRAFTS_PATCH,),
 }
 
 

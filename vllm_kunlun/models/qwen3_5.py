@@ -20,8 +20,8 @@ composite checkpoint layout (``model.language_model.*``, nested ``text_config``)
 
 The MoE members reuse all of this with a sparse block in place of the MLP
 (``models/qwen3_5_moe.py``). Not served yet (each refused with the reason): image/video
-inputs (the vision tower's weights are skipped), MTP speculative decoding (``mtp.*``
-skipped).
+inputs (the vision tower's weights are skipped). The ``mtp.*`` head is skipped here:
+the MTP draft model (``models/qwen3_5_mtp.py``) loads it for speculative decoding.
 Correctness reference: transformers 5.2.0 ``models/qwen3_5/modeling_qwen3_5.py``.
 
 Removal: when the validated vLLM ships a Qwen3.5 implementation that runs here.
@@ -87,6 +87,7 @@ from vllm.model_executor.models.utils import (
 )
 from vllm.model_executor.utils import set_weight_attrs
 from vllm.sequence import IntermediateTensors
+from vllm.v1.kv_cache_interface import KVCacheSpec, MambaSpec
 
 from vllm_kunlun.logger import init_logger
 
@@ -99,7 +100,7 @@ logger = init_logger(__name__)
 _SKIPPED_PREFIXES = {
     "model.visual.": "the vision tower (image/video inputs are not served yet)",
     "visual.": "the vision tower (image/video inputs are not served yet)",
-    "mtp.": "the multi-token-prediction head (MTP speculative decoding is not served)",
+    "mtp.": "the multi-token-prediction head (the MTP draft model loads it)",
 }
 # (param in this model, name in the checkpoint, shard id)
 _STACKED = (
@@ -134,11 +135,7 @@ def _refuse_unsupported(vllm_config: VllmConfig, moe: bool = False) -> None:
             "this Qwen3.5 config sets attention_bias=true, which released Qwen3.5 "
             "checkpoints do not use and vllm-kunlun does not implement"
         )
-    if vllm_config.speculative_config is not None:
-        raise ValueError(
-            "speculative decoding (MTP) on Qwen3.5 is not supported by vllm-kunlun "
-            "yet; remove --speculative-config"
-        )
+    _refuse_unsupported_speculation(vllm_config)
     tp = vllm_config.parallel_config.tensor_parallel_size
     for field in (
         "num_attention_heads",
@@ -161,6 +158,23 @@ def _refuse_unsupported(vllm_config: VllmConfig, moe: bool = False) -> None:
             "Qwen3.5 supports prefix caching only in mamba_cache_mode='align'; use "
             "--mamba-cache-mode align (the default with --enable-prefix-caching)"
         )
+
+
+def num_spec(vllm_config: VllmConfig) -> int:
+    """Speculative tokens per step (0 without speculative decoding)."""
+    spec = vllm_config.speculative_config
+    return int(spec.num_speculative_tokens or 0) if spec is not None else 0
+
+
+def _refuse_unsupported_speculation(vllm_config: VllmConfig) -> None:
+    spec = vllm_config.speculative_config
+    if spec is None or spec.method == "mtp":
+        return
+    raise ValueError(
+        f"speculative method {spec.method!r} on Qwen3.5: vllm-kunlun serves Qwen3.5 "
+        "speculative decoding with its own multi-token-prediction head only; use "
+        '--speculative-config \'{"method": "mtp", "num_speculative_tokens": N}\''
+    )
 
 
 def _refuse_unsupported_moe(vllm_config: VllmConfig, config: Any, tp: int) -> None:
@@ -219,8 +233,8 @@ class Qwen3_5GatedDeltaNet(Qwen3NextGatedDeltaNet):
         self.model_config = vllm_config.model_config
         self.cache_config = vllm_config.cache_config
         self.quant_config = quant_config = vllm_config.quant_config
-        self.speculative_config = None
-        self.num_spec = 0
+        self.speculative_config = vllm_config.speculative_config
+        self.num_spec = num_spec(vllm_config)
 
         # q | k | v, each split over TP ranks on its own (in_proj_qkv is fused on disk).
         self.in_proj_qkv = MergedColumnParallelLinear(
@@ -301,6 +315,22 @@ class Qwen3_5GatedDeltaNet(Qwen3NextGatedDeltaNet):
         if prefix in context:
             raise ValueError(f"Duplicate layer name: {prefix}")
         context[prefix] = self
+
+    def get_kv_cache_spec(self, vllm_config: VllmConfig) -> KVCacheSpec | None:
+        """vLLM's ``MambaBase.get_kv_cache_spec`` without its model-type gate: it
+        refuses speculative decoding for every hybrid but ``qwen3_next``, whose GDN
+        layer (and state layout: ``num_spec`` extra conv columns, one state block per
+        speculative token) this layer shares."""
+        cache = vllm_config.cache_config
+        return MambaSpec(
+            shapes=self.get_state_shape(),
+            dtypes=self.get_state_dtype(),
+            block_size=cache.mamba_block_size,
+            page_size_padded=cache.mamba_page_size_padded,
+            mamba_type=self.mamba_type,
+            mamba_cache_mode=cache.mamba_cache_mode,
+            num_speculative_blocks=num_spec(vllm_config),
+        )
 
     def forward(self, hidden_states: torch.Tensor, output: torch.Tensor) -> None:
         num_tokens = hidden_states.size(0)
@@ -462,7 +492,89 @@ class Qwen3_5Model(nn.Module):
         return hidden_states
 
 
-class Qwen3_5ForCausalLM(nn.Module, HasInnerState, IsHybrid, SupportsMRoPE, SupportsPP):
+def _refuse_int8_into_float(
+    disk_name: str, name: str, param: torch.Tensor, tensor: torch.Tensor
+) -> None:
+    """An int8 checkpoint tensor must go into an int8 parameter: copied into a float
+    one it serves garbage (NaN and "!!!!" output, as reported for W8A8 MTP heads)."""
+    if tensor.dtype == torch.int8 and param.dtype.is_floating_point:
+        raise ValueError(
+            f"checkpoint tensor {disk_name!r} is int8, but {name!r} is a "
+            f"{param.dtype} parameter: the quantization config leaves this layer float "
+            "(its quantization_config ignore list names it?). List only the layers "
+            "that are float on disk in ignore, or re-export the checkpoint."
+        )
+
+
+class TextWeightLoading:
+    """The checkpoint loader of the Qwen3.5 text model, shared with the MTP draft
+    (``models/qwen3_5_mtp.py``): ``_checkpoint_name`` maps a checkpoint tensor to this
+    module's parameter (or None to skip it, counted), q/k/v, gate/up and b/a are
+    loaded into their merged parameters."""
+
+    _text_prefix = "model."
+    _skipped: dict[str, int]
+
+    if TYPE_CHECKING:
+
+        def named_parameters(self) -> Iterable[tuple[str, nn.Parameter]]: ...
+
+    def _skip(self, what: str) -> None:
+        self._skipped[what] = self._skipped.get(what, 0) + 1
+
+    def _checkpoint_name(self, name: str) -> str | None:
+        """This module's parameter name for a checkpoint tensor, or None to skip it."""
+        for skipped, what in _SKIPPED_PREFIXES.items():
+            if name.startswith(skipped):
+                self._skip(what)
+                return None
+        if name.startswith(self._text_prefix):
+            return "model." + name[len(self._text_prefix) :]
+        return name
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
+        params = dict(self.named_parameters())
+        loaded: set[str] = set()
+        self._skipped: dict[str, int] = {}
+        for disk_name, tensor in weights:
+            name = self._checkpoint_name(disk_name)
+            if name is None or "rotary_emb.inv_freq" in name:
+                continue
+            if is_pp_missing_parameter(name, self):  # type: ignore[arg-type]
+                self._skip("other pipeline stages")
+                continue
+            for param_name, shard_name, shard_id in _STACKED:
+                if shard_name not in name:
+                    continue
+                name = name.replace(shard_name, param_name)
+                param = params[name]
+                _refuse_int8_into_float(disk_name, name, param, tensor)
+                param.weight_loader(param, tensor, shard_id)
+                break
+            else:
+                if name not in params:
+                    raise ValueError(
+                        f"checkpoint tensor {disk_name!r} has no place in "
+                        f"{type(self).__name__} (looked for {name!r}); is this a "
+                        "Qwen3.5 checkpoint of the layout its config.json names?"
+                    )
+                param = params[name]
+                _refuse_int8_into_float(disk_name, name, param, tensor)
+                getattr(param, "weight_loader", default_weight_loader)(param, tensor)
+            loaded.add(name)
+        if self._skipped:
+            logger.info(
+                "vllm-kunlun: Qwen3.5 text path: skipped %s",
+                "; ".join(
+                    f"{n} weights of {what}" for what, n in self._skipped.items()
+                ),
+            )
+        return loaded
+
+
+class Qwen3_5ForCausalLM(
+    TextWeightLoading, nn.Module, HasInnerState, IsHybrid, SupportsMRoPE, SupportsPP
+):
     """``Qwen3_5ForCausalLM`` checkpoints: weights ``model.*`` and ``lm_head.*``."""
 
     packed_modules_mapping = {
@@ -559,7 +671,7 @@ class Qwen3_5ForCausalLM(nn.Module, HasInnerState, IsHybrid, SupportsMRoPE, Supp
                 config.linear_key_head_dim,
                 config.linear_value_head_dim,
                 config.linear_conv_kernel_dim,
-                0,
+                num_spec(vllm_config),
             )
         )
         return shapes
@@ -567,57 +679,6 @@ class Qwen3_5ForCausalLM(nn.Module, HasInnerState, IsHybrid, SupportsMRoPE, Supp
     @classmethod
     def get_mamba_state_copy_func(cls) -> tuple[MambaStateCopyFunc, MambaStateCopyFunc]:
         return MambaStateCopyFuncCalculator.gated_delta_net_state_copy_func()
-
-    # ---- weights ------------------------------------------------------------------------
-    def _skip(self, what: str) -> None:
-        self._skipped[what] = self._skipped.get(what, 0) + 1
-
-    def _checkpoint_name(self, name: str) -> str | None:
-        """This module's parameter name for a checkpoint tensor, or None to skip it."""
-        for skipped, what in _SKIPPED_PREFIXES.items():
-            if name.startswith(skipped):
-                self._skip(what)
-                return None
-        if name.startswith(self._text_prefix):
-            return "model." + name[len(self._text_prefix) :]
-        return name
-
-    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
-        params = dict(self.named_parameters())
-        loaded: set[str] = set()
-        self._skipped: dict[str, int] = {}
-        for disk_name, tensor in weights:
-            name = self._checkpoint_name(disk_name)
-            if name is None or "rotary_emb.inv_freq" in name:
-                continue
-            if is_pp_missing_parameter(name, self):
-                self._skip("other pipeline stages")
-                continue
-            for param_name, shard_name, shard_id in _STACKED:
-                if shard_name not in name:
-                    continue
-                name = name.replace(shard_name, param_name)
-                param = params[name]
-                param.weight_loader(param, tensor, shard_id)
-                break
-            else:
-                if name not in params:
-                    raise ValueError(
-                        f"checkpoint tensor {disk_name!r} has no place in "
-                        f"{type(self).__name__} (looked for {name!r}); is this a "
-                        "Qwen3.5 checkpoint of the layout its config.json names?"
-                    )
-                param = params[name]
-                getattr(param, "weight_loader", default_weight_loader)(param, tensor)
-            loaded.add(name)
-        if self._skipped:
-            logger.info(
-                "vllm-kunlun: Qwen3.5 text path: skipped %s",
-                "; ".join(
-                    f"{n} weights of {what}" for what, n in self._skipped.items()
-                ),
-            )
-        return loaded
 
 
 class Qwen3_5ForConditionalGeneration(Qwen3_5ForCausalLM):

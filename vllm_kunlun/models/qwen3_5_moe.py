@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
@@ -50,8 +50,8 @@ from vllm.model_executor.utils import set_weight_attrs
 
 from vllm_kunlun.logger import init_logger
 from vllm_kunlun.models.qwen3_5 import (
-    _SKIPPED_PREFIXES,
     Qwen3_5ForCausalLM,
+    TextWeightLoading,
     text_config,
 )
 from vllm_kunlun.ops.moe.seam import moe_forward, register_op
@@ -287,10 +287,14 @@ class Qwen3_5MoeSparseBlock(nn.Module):
         return out
 
 
-class Qwen3_5MoeForCausalLM(Qwen3_5ForCausalLM):
-    """``Qwen3_5MoeForCausalLM`` checkpoints: weights ``model.*`` and ``lm_head.*``."""
+class MoeWeightLoading(TextWeightLoading):
+    """The text loader plus the routed experts (shared with the MoE MTP draft)."""
 
-    moe = True
+    config: Any
+
+    if TYPE_CHECKING:
+
+        def named_modules(self) -> Iterable[tuple[str, nn.Module]]: ...
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
         params = dict(self.named_parameters())
@@ -305,13 +309,12 @@ class Qwen3_5MoeForCausalLM(Qwen3_5ForCausalLM):
             """Everything but the text model's routed experts, for the dense loader
             (which also skips, and counts, the vision tower and the MTP head)."""
             for disk_name, tensor in weights:
-                skipped = disk_name.startswith(tuple(_SKIPPED_PREFIXES))
-                if skipped or ".mlp.experts." not in disk_name:
+                if ".mlp.experts." not in disk_name:
                     yield disk_name, tensor
                     continue
-                name = "model." + disk_name.removeprefix(self._text_prefix)
-                if not disk_name.startswith(self._text_prefix):
-                    name = disk_name
+                name = self._checkpoint_name(disk_name)
+                if name is None:  # skipped (and counted)
+                    continue
                 routed.update(
                     self._load_expert(disk_name, name, tensor, experts, params)
                 )
@@ -336,7 +339,7 @@ class Qwen3_5MoeForCausalLM(Qwen3_5ForCausalLM):
         experts: dict[str, Qwen3_5MoeExperts],
         params: dict[str, nn.Parameter],
     ) -> set[str]:
-        if is_pp_missing_parameter(name, self):
+        if is_pp_missing_parameter(name, self):  # type: ignore[arg-type]
             self._skip("other pipeline stages")
             return set()
         per = _PER_EXPERT.match(name)
@@ -401,6 +404,12 @@ class Qwen3_5MoeForCausalLM(Qwen3_5ForCausalLM):
             for proj, part in parts:
                 param.weight_loader(param, part, (disk_name, expert, proj, "weight"))  # type: ignore[attr-defined]
         return {param_name}
+
+
+class Qwen3_5MoeForCausalLM(MoeWeightLoading, Qwen3_5ForCausalLM):
+    """``Qwen3_5MoeForCausalLM`` checkpoints: weights ``model.*`` and ``lm_head.*``."""
+
+    moe = True
 
 
 class Qwen3_5MoeForConditionalGeneration(Qwen3_5MoeForCausalLM):

@@ -122,6 +122,19 @@ REGISTRY: tuple[RuntimePatch, ...] = (
         "vLLM keeps TP ranks' sampling consistent itself",
     ),
     RuntimePatch(
+        "kunlun_rejection_kernels",
+        "vllm_kunlun.sample.sampler_patches",
+        (
+            "vllm.v1.sample.rejection_sampler.rejection_greedy_sample_kernel",
+            "vllm.v1.sample.rejection_sampler.rejection_random_sample_kernel",
+            "vllm.v1.sample.rejection_sampler.expand_kernel",
+        ),
+        "speculative decoding's verification launches Triton kernels: without a "
+        "Triton driver (host emulation) the first verification step fails",
+        _WORKER,
+        "vLLM's rejection sampler has a non-Triton path",
+    ),
+    RuntimePatch(
         "kunlun_int8_scaled_mm_kernel",
         "vllm_kunlun.quantization.int8_kernel_table_patch",
         (
@@ -170,6 +183,16 @@ REGISTRY: tuple[RuntimePatch, ...] = (
         "a vLLM that treats zero-context requests as prefills in GDN metadata",
     ),
     RuntimePatch(
+        "kunlun_hybrid_prefill_drafts",
+        "vllm_kunlun.models.hybrid_layer_patches",
+        ("vllm.v1.worker.gpu_model_runner.GPUModelRunner.take_draft_token_ids",),
+        "speculative drafts of a request whose prefill chunk was not its last are "
+        "scheduled after its remaining prompt; the hybrid prefill path folds them "
+        "into the GDN state (wrong tokens)",
+        (Phase.HYBRID_MODEL,),
+        "vLLM drafts only for requests that sampled a token",
+    ),
+    RuntimePatch(
         "kunlun_mamba_copy_block",
         "vllm_kunlun.models.hybrid_layer_patches",
         (
@@ -189,6 +212,18 @@ REGISTRY: tuple[RuntimePatch, ...] = (
         "whose state is not written yet (wrong tokens)",
         (Phase.FRONT_END, Phase.MODEL_PROCESS),
         "vLLM commits mamba blocks only once their state is written",
+    ),
+    RuntimePatch(
+        "kunlun_qwen3_5_mtp_config",
+        "vllm_kunlun.models.speculative_config",
+        (
+            "vllm.config.speculative.SpeculativeConfig.hf_config_override",
+            "vllm.config.speculative.MTPModelTypes",
+        ),
+        "vLLM maps no Qwen3.5 model type to an MTP draft: method mtp fails with "
+        "\"Unsupported speculative method: 'mtp'\"",
+        _FRONT,
+        "the validated vLLM maps Qwen3.5 to an MTP draft model",
     ),
     RuntimePatch(
         "kunlun_ray_placement_wait",

@@ -76,6 +76,16 @@ def apply_emulation_defaults(vllm_config: VllmConfig) -> None:
         "off too)",
     )
 
+    spec = vllm_config.speculative_config
+    if spec is not None and spec.use_eagle() and not spec.disable_padded_drafter_batch:
+        _set(
+            spec,
+            "disable_padded_drafter_batch",
+            True,
+            "the padded drafter batch prepares its inputs with Triton kernels "
+            "(eagle_prepare_*_padded_kernel); the unpadded path is torch",
+        )
+
     compilation = vllm_config.compilation_config
     if compilation.mode != CompilationMode.NONE:
         _set(

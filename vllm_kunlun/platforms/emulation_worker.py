@@ -10,6 +10,16 @@ Why, each measured on vLLM 0.15.1 + torch 2.5.1 without ``vllm._C``:
   seeded request with chunked prefill crashes on the CPU ("CPU Generator does not use
   offset"). Ours saves the generator state before sampling and restores it instead, so
   a seeded request draws the same tokens however its prompt was chunked.
+- ``CPUModelRunner.__init__`` asserts ``speculative_config is None`` ("spec decode is
+  not supported"). Nothing else in it is CUDA-bound for EAGLE/MTP drafting with the
+  unpadded drafter batch (an emulation default: the padded one prepares its inputs
+  with Triton) once the rejection sampler's kernels run in torch
+  (``kunlun_rejection_kernels``) and the GDN kernels take the speculative layout
+  (``ops/gdn``). Ours runs the same constructor steps without the assertion; the
+  drafter's buffers are CPU tensors already (it is built with the CPU device), and
+  ``load_model`` loads the drafter after the target as ``GPUModelRunner``'s does
+  (``CPUModelRunner``'s loads the target only), and the drafts are copied to the
+  host synchronously (vLLM copies them on a side CUDA stream).
 Like ``KunlunWorker`` it applies the runtime fixes and registers the plugin's models in
 the process that builds the model (``runtime_fixes.prepare_model_process``).
 Selected by the emulation platform as ``worker_cls``; removal: when vLLM's CPU runner
@@ -23,14 +33,50 @@ from typing import Any
 
 import numpy as np
 import torch
-from vllm.v1.worker.cpu_model_runner import CPUModelRunner
+from vllm.config import VllmConfig
+from vllm.v1.worker.cpu_model_runner import CPUModelRunner, _torch_cuda_wrapper
 from vllm.v1.worker.cpu_worker import CPUWorker
+from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 
 from vllm_kunlun.platforms.runtime_fixes import prepare_model_process
 
 
 class EmulationModelRunner(CPUModelRunner):
     _discarded_generator_states: dict[int, torch.Tensor]
+
+    def __init__(self, vllm_config: VllmConfig, device: torch.device) -> None:
+        # CPUModelRunner.__init__ minus its speculative-decoding assertion.
+        with _torch_cuda_wrapper():
+            GPUModelRunner.__init__(self, vllm_config, device)
+        assert device == torch.device("cpu")
+        self.use_cuda_graph = False
+        self.cascade_attn_enabled = False
+        self._postprocess_tensors()
+
+    def load_model(self, eep_scale_up: bool = False) -> None:
+        # CPUModelRunner.load_model loads the target only; GPUModelRunner's also loads
+        # the speculative drafter (sharing the target's embedding and lm_head).
+        super().load_model(eep_scale_up)
+        drafter = getattr(self, "drafter", None)
+        if drafter is not None and hasattr(drafter, "load_model"):
+            drafter.load_model(self.model)
+
+    def _copy_draft_token_ids_to_cpu(
+        self, scheduler_output: Any, zeros_only: bool = False
+    ) -> None:
+        # GPUModelRunner's copies on a side CUDA stream (torch.cuda.current_stream:
+        # "Found no NVIDIA driver"); on the CPU the copy is synchronous. Emulation
+        # schedules synchronously, so the drafts are always needed here.
+        self._draft_token_req_ids = self.input_batch.req_ids.copy()
+        draft_token_ids = self._draft_token_ids
+        if not torch.is_tensor(draft_token_ids):
+            return
+        assert self.draft_token_ids_cpu is not None
+        num_reqs = draft_token_ids.shape[0]
+        if zeros_only:
+            self.draft_token_ids_cpu[:num_reqs] = 0
+        else:
+            self.draft_token_ids_cpu[:num_reqs].copy_(draft_token_ids)
 
     def _sample(self, *args: Any, **kwargs: Any) -> Any:
         num_reqs = self.input_batch.num_reqs

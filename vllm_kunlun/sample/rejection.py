@@ -72,3 +72,136 @@ def broadcasting_rejection_sample(
     rejection_sample.__wrapped__ = original  # type: ignore[attr-defined]
     rejection_sample.__doc__ = original.__doc__
     return rejection_sample
+
+
+# ---- the rejection sampler's three Triton kernels, in torch ------------------------------
+# vLLM 0.15.1's ``rejection_sample`` and ``expand_batch_to_tokens`` launch
+# ``rejection_greedy_sample_kernel``, ``rejection_random_sample_kernel`` and
+# ``expand_kernel`` as ``kernel[grid](...)``; with no Triton driver (host emulation,
+# CI) or on CPU tensors the launch fails. Each function below takes the kernel's own
+# arguments (tensors for its pointers) and does what one program per request does.
+
+
+def _draft_ranges(cu_num_draft_tokens: torch.Tensor) -> list[tuple[int, int]]:
+    ends = cu_num_draft_tokens.tolist()
+    return [(0 if i == 0 else ends[i - 1], end) for i, end in enumerate(ends)]
+
+
+def rejection_greedy_sample(
+    output_token_ids: torch.Tensor,
+    cu_num_draft_tokens: torch.Tensor,
+    draft_token_ids: torch.Tensor,
+    target_argmax: torch.Tensor,
+    bonus_token_ids: torch.Tensor,
+    is_greedy: torch.Tensor | None,
+    max_spec_len: int,
+) -> None:
+    """Greedy requests: keep drafts while they equal the target's argmax; the first
+    mismatch is replaced by the argmax and ends the row; all kept: the bonus token."""
+    greedy = is_greedy.tolist() if is_greedy is not None else None
+    drafts, argmax = draft_token_ids.tolist(), target_argmax.tolist()
+    bonus = bonus_token_ids.reshape(-1).tolist()
+    for req, (start, end) in enumerate(_draft_ranges(cu_num_draft_tokens)):
+        if greedy is not None and not greedy[req]:
+            continue
+        row: list[int] = []
+        for pos in range(start, end):
+            row.append(argmax[pos])
+            if drafts[pos] != argmax[pos]:
+                break
+        else:
+            row.append(bonus[req])
+        output_token_ids[req, : len(row)] = torch.tensor(row, dtype=torch.int32)
+
+
+def rejection_random_sample(
+    output_token_ids: torch.Tensor,
+    cu_num_draft_tokens: torch.Tensor,
+    draft_token_ids: torch.Tensor,
+    draft_probs: torch.Tensor | None,
+    target_probs: torch.Tensor,
+    bonus_token_ids: torch.Tensor,
+    recovered_token_ids: torch.Tensor,
+    uniform_probs: torch.Tensor,
+    is_greedy: torch.Tensor,
+    max_spec_len: int,
+    vocab_size: int,
+    NO_DRAFT_PROBS: bool = False,
+) -> None:
+    """Random requests: accept draft ``d`` when ``p_target(d) / p_draft(d) >= u``
+    (``p_draft`` = 1 without draft probabilities; a zero ``p_draft`` rejects); the first
+    rejection takes the recovered token and ends the row; all kept: the bonus token."""
+    greedy = is_greedy.tolist()
+    drafts = draft_token_ids.tolist()
+    rows = torch.arange(draft_token_ids.numel(), device=target_probs.device)
+    ids = draft_token_ids.to(torch.long)
+    target = target_probs[rows, ids].tolist()
+    draft = (
+        [1.0] * len(drafts)
+        if NO_DRAFT_PROBS or draft_probs is None
+        else draft_probs[rows, ids].tolist()
+    )
+    uniform, recovered = uniform_probs.tolist(), recovered_token_ids.tolist()
+    bonus = bonus_token_ids.reshape(-1).tolist()
+    for req, (start, end) in enumerate(_draft_ranges(cu_num_draft_tokens)):
+        if greedy[req]:
+            continue
+        row: list[int] = []
+        for pos in range(start, end):
+            if draft[pos] > 0 and target[pos] / draft[pos] >= uniform[pos]:
+                row.append(drafts[pos])
+            else:
+                row.append(recovered[pos])
+                break
+        else:
+            row.append(bonus[req])
+        output_token_ids[req, : len(row)] = torch.tensor(row, dtype=torch.int32)
+
+
+def expand(
+    output: torch.Tensor,
+    values: torch.Tensor,
+    cu_num_tokens: torch.Tensor,
+    replace_from: int,
+    replace_to: int,
+    MAX_NUM_TOKENS: int = 0,
+) -> None:
+    """Repeat request ``i``'s value over its tokens (``replace_from`` -> ``replace_to``)."""
+    counts = torch.diff(
+        cu_num_tokens.to(torch.long), prepend=cu_num_tokens.new_zeros(1)
+    )
+    filled = torch.where(values == replace_from, replace_to, values)
+    output.copy_(torch.repeat_interleave(filled, counts.to(values.device)))
+
+
+class GridKernel:
+    """Stands in for one Triton kernel: ``kernel[grid](*args)`` runs ``portable`` on
+    CPU tensors or without a Triton driver, else the original kernel."""
+
+    def __init__(self, original: Any, portable: Callable[..., None]) -> None:
+        self.original = original
+        self.portable = portable
+        self.__wrapped__ = original
+
+    def __getitem__(self, grid: Any) -> Callable[..., None]:
+        def launch(*args: Any, **kwargs: Any) -> None:
+            if _use_portable(args):
+                self.portable(*args, **kwargs)
+            else:
+                self.original[grid](*args, **kwargs)
+
+        return launch
+
+
+def _use_portable(args: tuple[Any, ...]) -> bool:
+    from vllm.triton_utils import HAS_TRITON
+
+    first = next(a for a in args if isinstance(a, torch.Tensor))
+    return first.device.type == "cpu" or not HAS_TRITON
+
+
+PORTABLE_KERNELS: dict[str, Callable[..., None]] = {
+    "rejection_greedy_sample_kernel": rejection_greedy_sample,
+    "rejection_random_sample_kernel": rejection_random_sample,
+    "expand_kernel": expand,
+}

@@ -13,6 +13,11 @@ while a Kunlun platform is active.
   without ``exponential_``.
 * ``kunlun_rejection_tp_broadcast``: ``rejection_sampler.rejection_sample`` returns TP
   rank 0's tokens on every rank.
+* ``kunlun_rejection_kernels``: the rejection sampler's three Triton kernels
+  (``rejection_greedy_sample_kernel``, ``rejection_random_sample_kernel``,
+  ``expand_kernel``) run in torch on CPU tensors or without a Triton driver (host
+  emulation: speculative decoding would fail at its first verification step); all
+  three or none.
 
 Removal: when vLLM samples without ``Tensor.exponential_`` (or Kunlun gets a device
 kernel for it) and keeps TP ranks consistent itself.
@@ -20,12 +25,15 @@ kernel for it) and keeps TP ranks consistent itself.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
 from vllm_kunlun.logger import init_logger
 from vllm_kunlun.patching.attribute import (
     AttributePatch,
+    PatchMismatch,
+    apply_group,
     expect_call,
     expect_params,
     platform_resolved,
@@ -119,6 +127,50 @@ def _make_rejection(original: Any) -> Any:
     return broadcasting_rejection_sample(original)
 
 
+# ---- kunlun_rejection_kernels -----------------------------------------------------------
+
+REJECTION_KERNELS = "kunlun_rejection_kernels"
+# kernel -> the module-level function that launches it (checked to still do so)
+_KERNEL_CALLERS = {
+    "rejection_greedy_sample_kernel": "rejection_sample",
+    "rejection_random_sample_kernel": "rejection_sample",
+    "expand_kernel": "expand_batch_to_tokens",
+}
+
+
+def _check_kernel(kernel: str) -> Any:
+    def check(module: ModuleType, original: Any) -> str | None:
+        # A Triton kernel, or the plain function vLLM's placeholder jit leaves
+        # without a Triton driver.
+        if not callable(original) and not hasattr(original, "__getitem__"):
+            return f"rejection_sampler.{kernel} is neither a kernel nor a function"
+        caller = _KERNEL_CALLERS[kernel]
+        return expect_call(getattr(module, caller, None), caller, kernel)
+
+    return check
+
+
+def _make_kernel(kernel: str) -> Any:
+    def make(original: Any) -> Any:
+        from vllm_kunlun.sample.rejection import PORTABLE_KERNELS, GridKernel
+
+        return GridKernel(original, PORTABLE_KERNELS[kernel])
+
+    return make
+
+
+KERNEL_PATCHES: tuple[AttributePatch, ...] = tuple(
+    AttributePatch(
+        REJECTION_KERNELS,
+        "vllm.v1.sample.rejection_sampler",
+        kernel,
+        _make_kernel(kernel),
+        _check_kernel(kernel),
+    )
+    for kernel in _KERNEL_CALLERS
+)
+
+
 PATCHES: tuple[AttributePatch, ...] = (
     AttributePatch(
         "kunlun_topk_topp_sampler",
@@ -164,11 +216,42 @@ def apply_one(patch: AttributePatch) -> bool:
     return done
 
 
+def apply_kernels() -> bool:
+    """The rejection kernels, all three or none; True when this call applied them. A
+    mismatch warns: vLLM keeps its Triton kernels (speculative decoding then needs a
+    Triton device)."""
+    if not platform_resolved():
+        return False
+    try:
+        done = apply_group(KERNEL_PATCHES)
+    except PatchMismatch as exc:
+        logger.warning_once(
+            "vllm-kunlun: %s; speculative decoding then needs vLLM's Triton kernels",
+            str(exc),
+        )
+        return False
+    if done:
+        logger.info("vllm-kunlun: runtime patch %s applied", REJECTION_KERNELS)
+    return done
+
+
 # phases.apply_phase's hook (patching/phases.py)
-RUNTIME_PATCHES = {
-    patch.name: (lambda phase, patch=patch: apply_one(patch)) for patch in PATCHES
+def _kernels_hook(phase: Any) -> bool:
+    return apply_kernels()
+
+
+def _patch_hook(patch: AttributePatch) -> Callable[[Any], bool]:
+    return lambda phase: apply_one(patch)
+
+
+RUNTIME_PATCHES: dict[str, Callable[[Any], bool]] = {
+    patch.name: _patch_hook(patch) for patch in PATCHES
 }
+RUNTIME_PATCHES[REJECTION_KERNELS] = _kernels_hook
 
 
 def applied() -> list[str]:
-    return [patch.name for patch in PATCHES if patch.applied()]
+    names = [patch.name for patch in PATCHES if patch.applied()]
+    if all(p.applied() for p in KERNEL_PATCHES):
+        names.append(REJECTION_KERNELS)
+    return names

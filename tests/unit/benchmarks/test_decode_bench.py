@@ -142,3 +142,48 @@ def test_the_tiny_model_has_the_real_vocabulary(
     model = Path(bench.model_dir(bench.parse_args([])))
     assert model.parent == tmp_path / "vllm-kunlun"
     assert json.loads((model / "config.json").read_text())["vocab_size"] == 151_936
+
+
+def test_spec_mtp_compares_1_2_3_speculative_tokens_with_none(
+    bench: ModuleType,
+) -> None:
+    args = bench.parse_args(["--spec", "mtp"])
+    assert (args.num_seqs, args.prompt_len) == (4, 16)
+    names = [e.name for e in bench.engines(args)]
+    assert names == ["mtp1", "mtp2", "mtp3", "none"]  # the baseline is last
+    *spec, none = bench.engines(args)
+    assert [e.llm["speculative_config"] for e in spec] == [
+        {"method": "mtp", "num_speculative_tokens": n} for n in (1, 2, 3)
+    ]
+    assert "speculative_config" not in none.llm
+    assert all(e.llm["disable_log_stats"] is False for e in bench.engines(args))
+    child = bench.child_spec(spec[0], args, "/m")
+    assert child["language"] is True and child["sampling"] == {"temperature": 0.0}
+
+
+def test_spec_on_a_device_is_refused(
+    bench: ModuleType, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--spec", "mtp", "--device", "cuda"])
+    assert "host emulation" in capsys.readouterr().err
+
+
+def test_acceptance_comes_from_vllms_counters(bench: ModuleType) -> None:
+    metrics = {
+        "vllm:spec_decode_num_drafts": 10,
+        "vllm:spec_decode_num_draft_tokens": 30,
+        "vllm:spec_decode_num_accepted_tokens": 24,
+    }
+    got = bench.acceptance(metrics)
+    assert got == {"acceptance_rate": 0.8, "mean_accepted_length": 3.4}
+    assert bench.acceptance({}) is None
+    row = {"graphs": False, "sampler": "ours", "num_seqs": 4, "prompt_len": 16}
+    rows = [
+        {**row, "engine": "mtp3", "output_len": 64, "output_tok_s": 30.0,
+         "num_speculative_tokens": 3, **got},
+        {**row, "engine": "none", "output_len": 64, "output_tok_s": 20.0},
+    ]  # fmt: skip
+    lines = bench.table(rows, baseline="none").splitlines()
+    assert lines[2].endswith("| 30.0 | 80% | 3.40 | 1.50x |")
+    assert lines[3].endswith("| 20.0 | - | - | 1.00x |")

@@ -276,6 +276,7 @@ def test_the_hybrid_phase_is_idempotent_and_reverts(clean: None) -> None:
     assert apply_phase(Phase.HYBRID_MODEL) == [
         hybrid_layer_patches.GDN_KERNELS,
         hybrid_layer_patches.NEW_REQUEST_STATE,
+        hybrid_layer_patches.PREFILL_DRAFTS,
         hybrid_layer_patches.MAMBA_COPY,  # no Triton driver on this host
     ]
     assert apply_phase(Phase.HYBRID_MODEL) == []
@@ -375,3 +376,15 @@ def test_mamba_pages_are_cached_once_their_state_exists(
     manager.allocate_new_blocks(request.request_id, 48, 48)
     manager.cache_blocks(request, 48)
     assert manager.num_cached_block.get(request.request_id, 0) == cached
+
+
+def test_drafts_of_unfinished_prefills_are_dropped() -> None:
+    import numpy as np
+    from vllm.v1.outputs import DraftTokenIds
+
+    drafts = DraftTokenIds(["a", "b", "c"], [[5, 6], [7, 8], [9, 1]])
+    kept = hybrid_layer_patches.without_prefill_drafts(
+        drafts, np.array([False, True, False])
+    )
+    assert kept.req_ids == ["a", "b", "c"]
+    assert kept.draft_token_ids == [[5, 6], [], [9, 1]]

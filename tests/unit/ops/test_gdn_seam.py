@@ -239,26 +239,50 @@ def test_a_failing_triton_kernel_falls_back_to_portable_once_with_a_warning(
     assert gdn.choose("fused_gdn_gating", CUDA).name == "portable"
 
 
-def test_speculative_decode_inputs_are_refused_clearly() -> None:
+def test_speculative_decode_states_run_on_the_portable_kernel() -> None:
     route = gdn.dispatcher(
         "fused_recurrent_gated_delta_rule", qwen3_next.fused_recurrent_gated_delta_rule
     )
     x = _decode_inputs()
-    with pytest.raises(NotImplementedError, match="speculative decoding"):
-        route(
-            x["q"],
-            x["k"],
-            x["v"],
-            x["g"],
-            x["beta"],
+    # One sequence, three query tokens, one state slot per token, two kept last step.
+    slots = torch.tensor([[5, 0, 3]], dtype=torch.int32)
+    cu = torch.tensor([0, 3], dtype=torch.int32)
+    pool = x["pool"].clone()
+    out, final = route(
+        x["q"],
+        x["k"],
+        x["v"],
+        x["g"],
+        x["beta"],
+        None,
+        pool,
+        True,
+        cu,
+        slots,
+        torch.tensor([2], dtype=torch.int32),
+        True,
+    )
+    assert final is pool
+    # Token by token from slot 0 (the second slot): the one-token path's result.
+    step_pool = x["pool"].clone()
+    for t, slot in enumerate([0, 0, 0]):
+        one = {k: x[k][:, t : t + 1] for k in ("q", "k", "v", "g", "beta")}
+        o, _ = route(
+            one["q"],
+            one["k"],
+            one["v"],
+            one["g"],
+            one["beta"],
             None,
-            x["pool"],
+            step_pool,
             True,
-            x["cu"],
-            x["slots"].view(3, 1).expand(3, 2),
-            torch.ones(3, dtype=torch.int32),
+            torch.tensor([0, 1], dtype=torch.int32),
+            torch.tensor([slot], dtype=torch.int32),
+            None,
             True,
         )
+        torch.testing.assert_close(out[:, t], o[:, 0])
+        torch.testing.assert_close(pool[slots[0, t]], step_pool[slot])
 
 
 def test_every_vendor_call_is_declared_in_the_contract() -> None:

@@ -5,7 +5,7 @@ Why: vLLM 0.15.1 runs Qwen3-Next / Qwen3.5 linear attention only through Triton 
 active Triton driver (host emulation, CI, a Kunlun host whose vendor kernels are
 missing) the first prefill fails. These are the same operations in plain torch, on any
 device, reading and writing vLLM's state views in place:
-  conv state  ``[slots, dim, K - 1]`` (vLLM's ``kv_cache[0]`` transposed),
+  conv state  ``[slots, dim, K - 1 (+ num_spec)]`` (vLLM's ``kv_cache[0]`` transposed),
   SSM state   ``[slots, HV, dk, dv]`` (``kv_cache[1]``).
 
 The math (transformers' Qwen3.5 reference semantics, fp32 accumulation):
@@ -98,13 +98,126 @@ def causal_conv1d_varlen(
         if slot == PAD_SLOT_ID or end == start:
             continue
         if initial[i]:
-            history = conv_states[slot].to(torch.float32)
+            # The first K - 1 columns: under speculative decoding the slot is wider.
+            history = conv_states[slot, :, : width - 1].to(torch.float32)
         else:
             history = x.new_zeros(x.shape[0], width - 1, dtype=torch.float32)
         window = torch.cat([history, x[:, start:end].to(torch.float32)], dim=-1)
         y = F.conv1d(window.unsqueeze(0), w, b, groups=x.shape[0])[0]
         out[:, start:end] = _activate(y, activation).to(x.dtype)
-        conv_states[slot] = window[:, -(width - 1) :].to(conv_states.dtype)
+        conv_states[slot, :, : width - 1] = window[:, -(width - 1) :].to(
+            conv_states.dtype
+        )
+    return out
+
+
+def _conv_multi_uniform(
+    x: torch.Tensor,
+    conv_state: torch.Tensor,
+    w: torch.Tensor,
+    bias: torch.Tensor | None,
+    activation: str | bool | None,
+    slots: list[int],
+    starts: list[int],
+    accepted: list[int] | None,
+    out: torch.Tensor,
+) -> bool:
+    """``causal_conv1d_multi`` for the common batch (every sequence ``L`` tokens, no
+    padding slot) in one pass; False (nothing done) otherwise."""
+    n = len(starts) - 1
+    slots = slots[:n]
+    if n == 0 or PAD_SLOT_ID in slots:
+        return False
+    length = starts[1] - starts[0]
+    if length == 0 or any(starts[i + 1] - starts[i] != length for i in range(n)):
+        return False
+    width = w.shape[-1]
+    dim = x.shape[-1]
+    slot_t = torch.tensor(slots, device=conv_state.device)
+    offsets = torch.tensor(
+        [a - 1 for a in accepted] if accepted is not None else [0] * n,
+        device=conv_state.device,
+    )
+    pool = conv_state.index_select(0, slot_t).to(torch.float32)  # [n, dim, S]
+    cols = offsets[:, None] + torch.arange(width - 1, device=pool.device)  # [n, K-1]
+    history = pool.gather(2, cols[:, None, :].expand(n, dim, width - 1))
+    new = x[starts[0] : starts[0] + n * length].to(torch.float32)
+    new = new.view(n, length, dim).transpose(1, 2)  # [n, dim, L]
+    window = torch.cat([history, new], dim=-1)  # [n, dim, K - 1 + L]
+    y = sum(w[None, :, j, None] * window[:, :, j : j + length] for j in range(width))
+    if bias is not None:
+        y = y + bias.to(torch.float32)[None, :, None]
+    y = _activate(y, activation)  # [n, dim, L]
+    out[starts[0] : starts[0] + n * length] = (
+        y.transpose(1, 2).reshape(n * length, dim).to(x.dtype)
+    )
+    if accepted is not None:
+        kept = pool.gather(
+            2, (cols[:, 1:])[:, None, :].expand(n, dim, width - 2)
+        )  # columns a .. a + K - 3
+        state = torch.cat([kept, new], dim=-1)
+    else:
+        state = window[:, :, -(width - 1) :]
+    conv_state[slot_t, :, : state.shape[-1]] = state.to(conv_state.dtype)
+    return True
+
+
+def causal_conv1d_multi(
+    x: torch.Tensor,
+    conv_state: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    activation: str | bool | None,
+    conv_state_indices: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    num_accepted_tokens: torch.Tensor | None,
+) -> torch.Tensor:
+    """Several new tokens per sequence on top of a carried state (speculative decode).
+
+    ``x`` is ``[tokens, dim]``, sequence ``n`` is ``x[qsl[n]:qsl[n+1]]`` (``L`` tokens)
+    and its state slot is ``conv_state_indices[n]`` (column 0 of a 2-D index tensor).
+    vLLM's layout under speculative decoding (its Triton ``causal_conv1d_update``):
+    the slot ``[dim, K - 1 + num_spec]`` holds a window in which the ``K - 1`` inputs
+    before this step's first token start at column ``a - 1``, ``a`` the sequence's
+    ``num_accepted_tokens`` (the tokens of the last step the sampler kept). Afterwards
+    the slot holds ``K - 2`` inputs of history followed by this step's ``L`` inputs,
+    so the next step, with ``a'`` accepted, finds the inputs ending at its last kept
+    token at column ``a' - 1``. Without ``num_accepted_tokens`` the history is
+    columns ``0 .. K - 2`` and the slot keeps the last ``K - 1`` inputs.
+    Returns ``[tokens, dim]``.
+    """
+    width = weight.shape[-1]
+    out = torch.zeros_like(x)
+    starts = query_start_loc.tolist()
+    idx = conv_state_indices
+    slots = (idx[:, 0] if idx.dim() == 2 else idx).tolist()
+    accepted = num_accepted_tokens.tolist() if num_accepted_tokens is not None else None
+    w = weight.to(torch.float32)  # [dim, K]
+    fast = _conv_multi_uniform(
+        x, conv_state, w, bias, activation, slots, starts, accepted, out
+    )
+    if fast:
+        return out
+    for n, slot in enumerate(slots[: len(starts) - 1]):
+        start, end = starts[n], starts[n + 1]
+        if slot == PAD_SLOT_ID or end == start:
+            continue
+        offset = accepted[n] - 1 if accepted is not None else 0
+        history = conv_state[slot, :, offset : offset + width - 1].to(torch.float32)
+        new = x[start:end].to(torch.float32).t()  # [dim, L]
+        window = torch.cat([history, new], dim=-1)  # [dim, K - 1 + L]
+        y = F.conv1d(window.unsqueeze(0), w.unsqueeze(1), None, groups=window.shape[0])[
+            0
+        ]  # [dim, L]
+        if bias is not None:
+            y = y + bias.to(torch.float32).unsqueeze(-1)
+        out[start:end] = _activate(y, activation).t().to(x.dtype)
+        if accepted is not None:
+            kept = conv_state[slot, :, offset + 1 : offset + width - 1]
+            state = torch.cat([kept.to(torch.float32), new], dim=-1)
+        else:
+            state = window[:, -(width - 1) :]
+        conv_state[slot, :, : state.shape[-1]] = state.to(conv_state.dtype)
     return out
 
 
@@ -127,7 +240,8 @@ def causal_conv1d_step(
     if rows.numel() == 0:
         return out
     slots = idx.index_select(0, rows)
-    history = conv_state.index_select(0, slots).to(torch.float32)  # [n, dim, K-1]
+    width = weight.shape[-1]
+    history = conv_state.index_select(0, slots)[:, :, : width - 1].to(torch.float32)
     window = torch.cat(
         [history, x.index_select(0, rows).to(torch.float32).unsqueeze(-1)], dim=-1
     )
@@ -135,7 +249,10 @@ def causal_conv1d_step(
     if bias is not None:
         y = y + bias.to(torch.float32)
     out.index_copy_(0, rows, _activate(y, activation).to(x.dtype))
-    conv_state.index_copy_(0, slots, window[:, :, 1:].to(conv_state.dtype))
+    if conv_state.shape[-1] == width - 1:
+        conv_state.index_copy_(0, slots, window[:, :, 1:].to(conv_state.dtype))
+    else:  # a slot widened for speculative decoding: its first K - 1 columns
+        conv_state[slots, :, : width - 1] = window[:, :, 1:].to(conv_state.dtype)
     return out
 
 
@@ -178,12 +295,17 @@ def recurrent_gated_delta_rule(
     cu_seqlens: torch.Tensor | None,
     state_indices: torch.Tensor | None,
     use_qk_l2norm: bool = True,
+    num_accepted_tokens: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Token-by-token recurrence for varlen ``[1, T, H, d]`` inputs (decode).
 
     Sequence ``n`` starts from ``state[state_indices[n]]`` (or ``state[n]`` without
-    indices) and its final state is written back there. Returns ``[1, T, HV, dv]`` in
-    ``v``'s dtype.
+    indices) and its final state is written back there. With 2-D ``state_indices``
+    (speculative decoding, vLLM's layout: one slot per query token of a sequence) it
+    starts from slot ``[n, a - 1]``, ``a`` its ``num_accepted_tokens`` (1 without),
+    and the state after its token ``t`` is written to slot ``[n, t]``: the next step
+    then starts from the state of the last token its sampler kept. Returns
+    ``[1, T, HV, dv]`` in ``v``'s dtype.
     """
     num_v_heads = v.shape[-2]
     qf, kf = _prepare_qk(q[0], k[0], num_v_heads, scale, use_qk_l2norm)
@@ -194,6 +316,10 @@ def recurrent_gated_delta_rule(
     )
     out = torch.zeros(v.shape[1:], dtype=torch.float32, device=v.device)
     bounds = _seq_bounds(cu_seqlens, v.shape[1])
+    if state_indices is not None and state_indices.dim() == 2:
+        return _recurrent_per_token_states(
+            qf, kf, vf, gf, bf, out, state, bounds, state_indices, num_accepted_tokens
+        ).to(v.dtype)
     slots = (
         state_indices.reshape(len(bounds), -1)[:, 0].tolist()
         if state_indices is not None
@@ -222,6 +348,69 @@ def recurrent_gated_delta_rule(
         out.index_copy_(0, pos.index_select(0, rows), o_t.index_select(0, rows))
     state.index_copy_(0, slot_t, h.to(state.dtype))
     return out.to(v.dtype).unsqueeze(0)
+
+
+def _step(
+    h: torch.Tensor,
+    q_t: torch.Tensor,
+    k_t: torch.Tensor,
+    v_t: torch.Tensor,
+    g_t: torch.Tensor,
+    b_t: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One token of the recurrence for one sequence: ``h`` ``[HV, dk, dv]``."""
+    h = h * g_t.exp()[:, None, None]
+    u = (v_t - torch.einsum("hkv,hk->hv", h, k_t)) * b_t[:, None]
+    h = h + k_t.unsqueeze(-1) * u.unsqueeze(-2)
+    return h, torch.einsum("hkv,hk->hv", h, q_t)
+
+
+def _recurrent_per_token_states(
+    qf: torch.Tensor,
+    kf: torch.Tensor,
+    vf: torch.Tensor,
+    gf: torch.Tensor,
+    bf: torch.Tensor,
+    out: torch.Tensor,
+    state: torch.Tensor,
+    bounds: list[tuple[int, int]],
+    state_indices: torch.Tensor,
+    num_accepted_tokens: torch.Tensor | None,
+) -> torch.Tensor:
+    """All sequences together, token ``t`` of each per iteration (a speculative step
+    has at most ``num_spec + 1`` tokens): the recurrence of ``recurrent_gated_delta_
+    rule``, each token's state written to its own slot."""
+    slots = state_indices.tolist()
+    accepted = (
+        num_accepted_tokens.tolist()
+        if num_accepted_tokens is not None
+        else [1] * len(bounds)
+    )
+    live = [
+        n for n, (s, e) in enumerate(bounds) if e > s and slots[n][0] != PAD_SLOT_ID
+    ]
+    if not live:
+        return out.unsqueeze(0)
+    first = torch.tensor([slots[n][accepted[n] - 1] for n in live], device=state.device)
+    h = state.index_select(0, first).to(torch.float32)  # [n, HV, dk, dv]
+    starts = torch.tensor([bounds[n][0] for n in live], device=vf.device)
+    lengths = [bounds[n][1] - bounds[n][0] for n in live]
+    for t in range(max(lengths)):
+        rows = [i for i, length in enumerate(lengths) if t < length]
+        sel = torch.tensor(rows, device=vf.device)
+        pos = starts.index_select(0, sel) + t
+        h_t = h.index_select(0, sel) * gf[pos].exp()[..., None, None]
+        u = (vf[pos] - torch.einsum("nhkv,nhk->nhv", h_t, kf[pos])) * bf[pos][..., None]
+        h_t = h_t + kf[pos].unsqueeze(-1) * u.unsqueeze(-2)
+        out.index_copy_(0, pos, torch.einsum("nhkv,nhk->nhv", h_t, qf[pos]))
+        h.index_copy_(0, sel, h_t)
+        writes = [(j, slots[live[i]][t]) for j, i in enumerate(rows)]
+        writes = [(j, slot) for j, slot in writes if slot != PAD_SLOT_ID]
+        if writes:
+            src = torch.tensor([j for j, _ in writes], device=vf.device)
+            dst = torch.tensor([slot for _, slot in writes], device=state.device)
+            state.index_copy_(0, dst, h_t.index_select(0, src).to(state.dtype))
+    return out.unsqueeze(0)
 
 
 def _chunked_sequence(

@@ -174,8 +174,8 @@ def dispatcher(op: str, triton_fn: Callable[..., Any]) -> Callable[..., Any]:
 
 def _unsupported(what: str) -> NotImplementedError:
     return NotImplementedError(
-        f"the portable GDN kernels do not support {what} (speculative decoding or "
-        "mamba_cache_mode='all' on a hybrid model); serve without them"
+        f"the portable GDN kernels do not support {what} (mamba_cache_mode='all' "
+        "on a hybrid model); serve without it"
     )
 
 
@@ -205,8 +205,22 @@ def _conv(a: dict[str, Any]) -> torch.Tensor:
 
 def _conv_update(a: dict[str, Any]) -> torch.Tensor:
     x = a["x"]
-    if a["num_accepted_tokens"] is not None or a["query_start_loc"] is not None:
-        raise _unsupported("multi-token conv updates")
+    if a["block_idx_last_scheduled_token"] is not None:
+        raise _unsupported("per-block conv states")
+    if a["query_start_loc"] is not None:
+        # Speculative decode: several query tokens per sequence (vLLM's varlen form).
+        return portable.causal_conv1d_multi(
+            x,
+            a["conv_state"],
+            a["weight"],
+            a["bias"],
+            a["activation"],
+            a["conv_state_indices"],
+            a["query_start_loc"],
+            a["num_accepted_tokens"],
+        )
+    if a["num_accepted_tokens"] is not None:
+        raise _unsupported("accepted-token counts without query_start_loc")
     if x.dim() != 2:
         raise _unsupported(f"conv update inputs of shape {tuple(x.shape)}")
     indices = a["conv_state_indices"]
@@ -238,12 +252,15 @@ def _chunk(a: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
     )
 
 
-def _recurrent_checks(a: dict[str, Any]) -> None:
+def _is_speculative(a: dict[str, Any]) -> bool:
+    """Whether a recurrent call carries vLLM's speculative-decode state layout."""
     indices = a["ssm_state_indices"]
-    if a["num_accepted_tokens"] is not None or (
+    return a["num_accepted_tokens"] is not None or (
         indices is not None and indices.dim() == 2 and indices.shape[1] > 1
-    ):
-        raise _unsupported("multi-token (speculative) decode states")
+    )
+
+
+def _recurrent_checks(a: dict[str, Any]) -> None:
     if not a["inplace_final_state"]:
         raise _unsupported("out-of-place final states")
 
@@ -263,6 +280,7 @@ def _recurrent(a: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
         a["cu_seqlens"],
         a["ssm_state_indices"],
         a["use_qk_l2norm_in_kernel"],
+        a["num_accepted_tokens"],
     )
     return out, state
 
@@ -284,8 +302,16 @@ def _recurrent_vendor(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The decode recurrence through ``kunlun_ops.fused_recurrent_gated_delta_rule_fwdv2``,
     called as the upstream Kunlun plugin calls it: q/k/v/g/beta contiguous, vLLM's state
-    pool updated in place at ``h0_indices``."""
+    pool updated in place at ``h0_indices``. Speculative-decode calls (per-token state
+    slots, accepted-token counts) go to the portable kernel: the vendor kernel's
+    handling of them is not pinned down (``docs/vendor-calls.md``)."""
     _recurrent_checks(a)
+    if _is_speculative(a):
+        logger.info_once(
+            "vllm-kunlun: GDN speculative-decode recurrence runs on the portable "
+            "kernel (the vendor kernel's multi-token state layout is not wired)"
+        )
+        return _recurrent(a)
     beta = a["beta"] if a["beta"] is not None else torch.ones_like(a["g"])
     state = a["initial_state"]
     out, _final = fn(

@@ -1,0 +1,229 @@
+"""End to end in host emulation: MTP speculative decoding on the tiny Qwen3.5 composite
+whose head is trained (``vllm-kunlun tiny-model --arch qwen3_5 --mtp``).
+
+One engine per number of speculative tokens (N = 1, 2, 3), each in a fresh interpreter
+with the engine core in it (so the ``exponential_`` guard sees the rejection sampler):
+greedy output token for token equal to transformers 5.2.0's greedy decoding (hence equal
+across N and to decoding without speculation), with chunked prefill (32-token budget),
+1-token prompts, mixed prefill/decode batches, prompts in the trained language (drafts
+accepted) and English ones (drafts mostly rejected: the state of the last accepted
+token is what the next step starts from); seeded sampling reproducible in any batch;
+acceptance from vLLM's own spec-decode counters. Configuration checks (method names,
+prefix caching refused) build engine configs only.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.conftest import run_python
+from tests.integration import test_e2e_emulation as e2e
+from tests.integration.test_e2e_emulation import (
+    LONG_PROMPT,
+    TOKEN_BUDGET,
+    req,
+    run_spec,
+)
+from vllm_kunlun.demo.tiny_model import default_cache_dir, ensure_tiny_model
+from vllm_kunlun.demo.tiny_qwen3_5_mtp import TinyQwen3_5MtpSpec, language_prompts
+
+pytestmark = pytest.mark.slow
+
+GREEDY_TOKENS = 20
+LLM_ARGS = {
+    **e2e.LLM_ARGS,
+    # vLLM 0.15.1 refuses prefix caching (mamba_cache_mode 'align') with speculative
+    # decoding on hybrid models: test_prefix_caching_with_mtp_is_refused.
+    "enable_prefix_caching": False,
+    "disable_log_stats": False,  # the spec-decode counters
+    "num_gpu_blocks_override": 64,
+}
+LANG = language_prompts([3, 9, 45, 6, 1, 14])
+GREEDY_JOBS = [
+    {
+        # Mixed batch: a 45-token prompt prefilled in chunks next to decodes.
+        "name": "greedy",
+        "requests": [req(p, GREEDY_TOKENS) for p in LANG[:4]]
+        + [req("the quick brown fox jumps over the lazy dog", GREEDY_TOKENS)],
+    },
+    {"name": "one_token", "requests": [req(LANG[4], GREEDY_TOKENS)]},
+    {
+        # A 1-token prompt queued behind a long English prompt (a decode-only batch
+        # on a recycled state slot once the prefill is done).
+        "name": "one_token_behind_long",
+        "requests": [req(LONG_PROMPT, GREEDY_TOKENS), req("day", GREEDY_TOKENS)],
+    },
+]
+SEEDED = req(LANG[5], 12, temperature=3.0, seed=44)
+SEEDED_A = {
+    "name": "seeded_a",
+    "requests": [
+        SEEDED,
+        req(LANG[1], 12, temperature=4.0, top_k=50, seed=11),
+        req(LANG[1], 12, temperature=4.0, top_k=50, seed=12),
+    ],
+}
+SEEDED_B = {  # the same seeded requests with other company, in another order
+    "name": "seeded_b",
+    "requests": [
+        req(LONG_PROMPT, 12, temperature=1.0),
+        req(LANG[1], 12, temperature=4.0, top_k=50, seed=11),
+        SEEDED,
+    ],
+}
+
+
+def trained_model_dir() -> Path:
+    """The trained tiny MTP model in the shared cache, built once: the suite runs
+    modules on two xdist workers and this one and test_e2e_mtp_w8a8.py both need it
+    (a file lock keeps the two from writing the same files at once)."""
+    import fcntl
+
+    spec = TinyQwen3_5MtpSpec()
+    target = default_cache_dir(spec)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with open(target.with_name(target.name + ".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        return ensure_tiny_model(target, spec)
+
+
+@pytest.fixture(scope="module")
+def model_dir() -> str:
+    return str(trained_model_dir())
+
+
+@pytest.fixture(scope="module")
+def work(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("e2e_mtp")
+
+
+@pytest.fixture(scope="module", params=[1, 2, 3], ids=lambda n: f"N{n}")
+def run(request: pytest.FixtureRequest, model_dir: str, work: Path) -> dict:
+    n = request.param
+    spec: dict[str, Any] = {
+        "backend": "vllm",
+        "model": model_dir,
+        "llm": {
+            **LLM_ARGS,
+            "speculative_config": {"method": "mtp", "num_speculative_tokens": n},
+        },
+        "guard_exponential": True,
+        "metrics": True,
+        "jobs": [*GREEDY_JOBS, SEEDED_A, SEEDED_B],
+    }
+    result = run_spec(spec, work, f"mtp{n}", timeout=600)
+    result["n"] = n
+    return result
+
+
+@pytest.fixture(scope="module")
+def reference(model_dir: str, work: Path) -> dict:
+    """transformers' greedy decoding (its own cache) on the same checkpoint."""
+    spec = {"backend": "hf", "model": model_dir, "jobs": GREEDY_JOBS, "hf_cache": True}
+    return dict(run_spec(spec, work, "hf", timeout=600)["jobs"])
+
+
+def test_greedy_with_mtp_matches_transformers_token_for_token(
+    run: dict, reference: dict
+) -> None:
+    hf = reference
+    for job in GREEDY_JOBS:
+        name = job["name"]
+        for got, want in zip(run["jobs"][name], hf[name], strict=True):
+            assert got["prompt_token_ids"] == want["prompt_token_ids"]
+            assert got["token_ids"] == want["token_ids"], (run["n"], name, got["text"])
+
+
+def test_the_shapes_were_exercised(run: dict) -> None:
+    greedy = run["jobs"]["greedy"]
+    assert len(greedy[2]["prompt_token_ids"]) > TOKEN_BUDGET  # chunked prefill
+    assert len(run["jobs"]["one_token"][0]["prompt_token_ids"]) == 1
+    assert len(run["jobs"]["one_token_behind_long"][1]["prompt_token_ids"]) == 1
+    # The reference is not degenerate.
+    assert len(set(greedy[2]["token_ids"])) >= GREEDY_TOKENS // 2
+
+
+def test_drafts_are_accepted_by_vllms_counters(run: dict) -> None:
+    m = run["metrics"]
+    drafts = m["vllm:spec_decode_num_draft_tokens"]
+    accepted = m["vllm:spec_decode_num_accepted_tokens"]
+    per_pos = m["vllm:spec_decode_num_accepted_tokens_per_pos"]
+    assert drafts > 0 and 0 < accepted <= drafts, m
+    assert len(per_pos) == run["n"] and per_pos[0] > 0, m
+    assert sum(per_pos) == accepted
+
+
+def test_no_exponential_during_the_run(run: dict) -> None:
+    assert run["exponential_calls"] == []
+
+
+def test_seeded_sampling_with_mtp_is_reproducible_in_any_batch(run: dict) -> None:
+    a, b = run["jobs"]["seeded_a"], run["jobs"]["seeded_b"]
+    assert b[2]["token_ids"] == a[0]["token_ids"]
+    assert b[1]["token_ids"] == a[1]["token_ids"]
+    assert a[1]["token_ids"] != a[2]["token_ids"]  # another seed, other draws
+
+
+CONFIG_PROBE = """
+import json, os
+os.environ["VLLM_KUNLUN_HOST_EMULATION"] = "1"
+from vllm.engine.arg_utils import EngineArgs
+out = {}
+for name, spec, extra in CASES:
+    try:
+        cfg = EngineArgs(model=MODEL, max_model_len=256, speculative_config=spec,
+                         **extra).create_engine_config()
+        s = cfg.speculative_config
+        out[name] = {"method": s.method,
+                     "arch": s.draft_model_config.architectures,
+                     "num_spec": s.num_speculative_tokens,
+                     "padded": not s.disable_padded_drafter_batch}
+    except Exception as exc:
+        out[name] = {"error": f"{type(exc).__name__}: {exc}"}
+print("RESULT " + json.dumps(out))
+"""
+
+
+@pytest.fixture(scope="module")
+def configs(model_dir: str) -> dict[str, Any]:
+    cases = [
+        ("mtp", {"method": "mtp", "num_speculative_tokens": 2}, {}),
+        (
+            "qwen3_next_mtp",
+            {"method": "qwen3_next_mtp", "num_speculative_tokens": 1},
+            {},
+        ),
+        ("qwen3_5_mtp", {"method": "qwen3_5_mtp", "num_speculative_tokens": 1}, {}),
+        (
+            "prefix_caching",
+            {"method": "mtp", "num_speculative_tokens": 1},
+            {"enable_prefix_caching": True},
+        ),
+    ]
+    code = f"MODEL = {model_dir!r}\nCASES = {cases!r}\n" + CONFIG_PROBE
+    proc = run_python(code, env={"VLLM_LOGGING_LEVEL": "WARNING"}, timeout=300)
+    lines = [x for x in proc.stdout.splitlines() if x.startswith("RESULT ")]
+    assert lines, proc.stderr[-4000:]
+    return dict(json.loads(lines[-1][len("RESULT ") :]))
+
+
+def test_method_names_users_try(configs: dict[str, Any]) -> None:
+    assert configs["mtp"] == {
+        "method": "mtp",
+        "arch": ["Qwen3_5MTP"],
+        "num_spec": 2,
+        "padded": False,  # emulation default: the unpadded drafter batch
+    }
+    assert configs["qwen3_next_mtp"]["method"] == "mtp"  # vLLM's alias works too
+    assert configs["qwen3_next_mtp"]["arch"] == ["Qwen3_5MTP"]
+    error = configs["qwen3_5_mtp"]["error"]
+    assert "'mtp'" in error  # vLLM's list of accepted methods names the right one
+
+
+def test_prefix_caching_with_mtp_is_refused(configs: dict[str, Any]) -> None:
+    error = configs["prefix_caching"]["error"]
+    assert "align" in error and "speculative decoding" in error, error

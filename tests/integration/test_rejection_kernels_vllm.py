@@ -1,0 +1,123 @@
+"""vLLM 0.15.1's rejection sampler end to end on the CPU, with its three Triton kernels
+replaced by ``kunlun_rejection_kernels`` (vllm_kunlun/sample/sampler_patches.py).
+
+The calls are vLLM's own ``rejection_sample`` and ``expand_batch_to_tokens``; the
+expected rows follow from the rule they implement (speculative sampling: keep a draft
+while it matches the greedy target / passes ``p_target / p_draft >= u``, then the
+target's token ends the row; the bonus token when every draft was kept).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import torch
+from vllm.platforms import current_platform  # noqa: F401  (resolves the platform)
+from vllm.v1.sample import rejection_sampler as rs
+from vllm.v1.sample.logits_processor import LogitsProcessors
+from vllm.v1.sample.metadata import SamplingMetadata
+
+from vllm_kunlun.patching.phases import Phase
+from vllm_kunlun.sample import sampler_patches
+
+P = rs.PLACEHOLDER_TOKEN_ID
+
+
+@pytest.fixture(scope="module", autouse=True)
+def installed() -> Iterator[None]:
+    before = set(sampler_patches.applied())
+    for name in ("kunlun_recovered_token_noise", sampler_patches.REJECTION_KERNELS):
+        sampler_patches.RUNTIME_PATCHES[name](Phase.MODEL_PROCESS)
+    yield
+    if sampler_patches.REJECTION_KERNELS not in before:
+        for patch in sampler_patches.KERNEL_PATCHES:
+            patch.revert()
+    for patch in sampler_patches.PATCHES:
+        if patch.name not in before:
+            patch.revert()
+
+
+@pytest.fixture(autouse=True)
+def no_exponential(monkeypatch: pytest.MonkeyPatch) -> None:
+    def guard(*args: Any, **kwargs: Any) -> None:
+        raise AssertionError("Tensor.exponential_ called on a sampling path")
+
+    monkeypatch.setattr(torch.Tensor, "exponential_", guard)
+
+
+def _metadata(temperature: list[float], generators: Any = None) -> SamplingMetadata:
+    t = torch.tensor(temperature)
+    greedy = all(x == 0 for x in temperature)
+    return SamplingMetadata(
+        temperature=t,
+        all_greedy=greedy,
+        all_random=all(x > 0 for x in temperature),
+        top_p=None,
+        top_k=None,
+        generators=generators or {},
+        max_num_logprobs=None,
+        no_penalties=True,
+        prompt_token_ids=None,
+        frequency_penalties=torch.zeros(len(t)),
+        presence_penalties=torch.zeros(len(t)),
+        repetition_penalties=torch.ones(len(t)),
+        output_token_ids=[[] for _ in t],
+        allowed_token_ids_mask=None,
+        bad_words_token_ids={},
+        logitsprocs=LogitsProcessors(),
+    )
+
+
+def _one_hot(ids: list[int], vocab: int) -> torch.Tensor:
+    return torch.nn.functional.one_hot(torch.tensor(ids), vocab).float()
+
+
+def test_greedy_rows_keep_matching_drafts_then_the_target_token() -> None:
+    # Three requests with 3, 1 and 2 drafts; targets' argmax per draft position.
+    drafts = [5, 6, 7, 2, 9, 9]
+    target = [5, 6, 1, 2, 3, 9]  # req 0 diverges at pos 2, req 1 keeps, req 2 diverges
+    out = rs.rejection_sample(
+        torch.tensor(drafts, dtype=torch.int32),
+        [3, 1, 2],
+        3,
+        torch.tensor([3, 4, 6], dtype=torch.int32),
+        None,
+        _one_hot(target, 16),
+        torch.tensor([[11], [12], [13]], dtype=torch.int32),
+        _metadata([0.0, 0.0, 0.0]),
+    )
+    assert out.tolist() == [[5, 6, 1, P], [2, 12, P, P], [3, P, P, P]]
+
+
+def test_random_rows_accept_by_probability_ratio_and_end_on_a_rejection() -> None:
+    vocab = 8
+    # Request 0 (random): target puts all mass on each draft -> every draft kept +
+    # bonus. Request 1 (random): target gives its draft no mass -> rejected at once,
+    # the recovered token comes from the target (all its mass on token 4).
+    # Request 2 (greedy): target argmax 3 differs from the draft -> 3 ends the row.
+    drafts = [1, 2, 6, 0]
+    target = _one_hot([1, 2, 4, 3], vocab)
+    out = rs.rejection_sample(
+        torch.tensor(drafts, dtype=torch.int32),
+        [2, 1, 1],
+        2,
+        torch.tensor([2, 3, 4], dtype=torch.int32),
+        None,
+        target,
+        torch.tensor([[7], [7], [7]], dtype=torch.int32),
+        _metadata([1.0, 1.0, 0.0]),
+    )
+    assert out.tolist() == [[1, 2, 7], [4, P, P], [3, P, P]]
+
+
+def test_expand_repeats_each_requests_value_over_its_tokens() -> None:
+    out = rs.expand_batch_to_tokens(
+        torch.tensor([4, -1, 6]),
+        torch.tensor([2, 5, 6]),
+        6,
+        replace_from=-1,
+        replace_to=0,
+    )
+    assert out.tolist() == [4, 4, 0, 0, 0, 6]
