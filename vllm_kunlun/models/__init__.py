@@ -34,13 +34,38 @@ from __future__ import annotations
 ARCHITECTURES = {
     "Qwen3_5ForCausalLM": "vllm_kunlun.models.qwen3_5:Qwen3_5ForCausalLM",
     "Qwen3_5ForConditionalGeneration": (
-        "vllm_kunlun.models.qwen3_5:Qwen3_5ForConditionalGeneration"
+        "vllm_kunlun.models.qwen3_5_vl:Qwen3_5ForConditionalGeneration"
     ),
     "Qwen3_5MoeForCausalLM": "vllm_kunlun.models.qwen3_5_moe:Qwen3_5MoeForCausalLM",
     "Qwen3_5MoeForConditionalGeneration": (
         "vllm_kunlun.models.qwen3_5_moe:Qwen3_5MoeForConditionalGeneration"
     ),
 }
+
+
+# Where torchvision is missing, the composite is served on its text path (vLLM 0.15.1's
+# Qwen-VL processors import torchvision at module import).
+TEXT_ONLY_COMPOSITE = (
+    "vllm_kunlun.models.qwen3_5:Qwen3_5TextOnlyForConditionalGeneration"
+)
+
+
+def architectures() -> dict[str, str]:
+    """``ARCHITECTURES`` for this process: the dense composite with its vision tower
+    where torchvision can be imported, else on its text path (logged once)."""
+    import importlib.util
+
+    if importlib.util.find_spec("torchvision") is not None:
+        return dict(ARCHITECTURES)
+    from vllm_kunlun.logger import init_logger
+    from vllm_kunlun.versions import install_hint
+
+    init_logger(__name__).warning_once(
+        "vllm-kunlun: torchvision is not installed: Qwen3_5ForConditionalGeneration "
+        "is served on its text path (image and video requests are refused). Fix: %s",
+        install_hint("torchvision"),
+    )
+    return {**ARCHITECTURES, "Qwen3_5ForConditionalGeneration": TEXT_ONLY_COMPOSITE}
 
 
 def _registered_here(registry: object, arch: str, target: str) -> bool:
@@ -62,7 +87,7 @@ def register_models() -> list[str]:
     from vllm_kunlun.models.inspection import in_process_entry
 
     added = []
-    for arch, target in ARCHITECTURES.items():
+    for arch, target in architectures().items():
         if _registered_here(ModelRegistry, arch, target):
             continue
         if arch in ModelRegistry.get_supported_archs():

@@ -184,12 +184,20 @@ def test_an_architecture_vllm_serves_is_left_to_vllm(
 
 def test_what_vllm_learns_when_it_inspects_the_classes() -> None:
     """What vLLM's registry computes from the classes (``InProcessLazyModel``)."""
-    from vllm_kunlun.models import qwen3_5
+    from vllm_kunlun.models import qwen3_5, qwen3_5_vl
 
-    for cls in (qwen3_5.Qwen3_5ForCausalLM, qwen3_5.Qwen3_5ForConditionalGeneration):
+    for cls in (
+        qwen3_5.Qwen3_5ForCausalLM,
+        qwen3_5.Qwen3_5TextOnlyForConditionalGeneration,
+        qwen3_5_vl.Qwen3_5ForConditionalGeneration,
+    ):
         info = _ModelInfo.from_model_cls(cls)
         assert info.is_hybrid and info.has_inner_state and info.is_text_generation_model
-        assert not info.supports_multimodal  # images are refused by vLLM's front end
+        # Images reach only the composite with its tower; the others' are refused by
+        # vLLM's front end.
+        vl = cls is qwen3_5_vl.Qwen3_5ForConditionalGeneration
+        assert info.supports_multimodal == vl
+        assert info.supports_multimodal_encoder_tp_data == vl
         assert not info.supports_mamba_prefix_caching  # prefix caching in 'align' mode
         assert cls.supports_mrope
 
@@ -260,3 +268,40 @@ def test_both_platforms_support_the_hybrid_kv_cache() -> None:
     assert Platform.support_hybrid_kv_cache() is False  # vLLM's default
     assert KunlunPlatform.support_hybrid_kv_cache() is True
     assert KunlunHostEmulationPlatform.support_hybrid_kv_cache() is True
+
+
+def test_the_composite_is_multimodal_with_torchvision_and_text_only_without(
+    registry: dict[str, Any],
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """vLLM 0.15.1's Qwen-VL processors import torchvision: without it the composite
+    is registered on its text path, and the log names the install command."""
+    import importlib.util
+
+    arch = "Qwen3_5ForConditionalGeneration"
+    seen = vllm_registry._ModelInfo.from_model_cls
+    with_tv = models.architectures()[arch]
+    assert with_tv.endswith("qwen3_5_vl:Qwen3_5ForConditionalGeneration")
+    module, _, name = with_tv.partition(":")
+    assert seen(getattr(importlib.import_module(module), name)).supports_multimodal
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util,
+        "find_spec",
+        lambda n, *a: None if n == "torchvision" else real(n, *a),
+    )
+    with caplog.at_level(logging.WARNING):
+        without = models.architectures()
+        models.register_models()
+    assert without[arch] == models.TEXT_ONLY_COMPOSITE
+    entry = ModelRegistry.models[arch]
+    assert f"{entry.module_name}:{entry.class_name}" == models.TEXT_ONLY_COMPOSITE
+    module, _, name = models.TEXT_ONLY_COMPOSITE.partition(":")
+    assert not seen(getattr(importlib.import_module(module), name)).supports_multimodal
+    assert "pip install --no-deps torchvision==0.20.1" in caplog.text
+    # The other architectures do not depend on it.
+    assert {a: t for a, t in without.items() if a != arch} == {
+        a: t for a, t in models.ARCHITECTURES.items() if a != arch
+    }
