@@ -4,10 +4,13 @@ through vLLM 0.15.1's engine and the plugin (vLLM's Qwen3-VL processor, the plug
 token for token equal to transformers 5.2.0's ``Qwen3_5ForConditionalGeneration`` with
 its own ``Qwen3VLProcessor`` on the same prompts and pixels.
 
-One engine (module-scoped, engine core in the runner's interpreter) with a 32-token
-budget, so that the larger images' placeholder tokens are prefilled over several
-chunks, prefix caching (vLLM's ``align`` mode for the hybrid) and up to three images
-and one video per prompt; then transformers' reference in the same interpreter.
+Two engines (module-scoped, engine core in the runner's interpreter), each followed by
+transformers' reference in the same interpreter:
+- ``run``: the dense composite with a 32-token budget, so that the larger images'
+  placeholder tokens are prefilled over several chunks, prefix caching (vLLM's
+  ``align`` mode for the hybrid) and up to three images and one video per prompt;
+- ``moe_run``: the MoE composite (the same tower before the sparse text model) on
+  images, a text-only prompt in the same batch and a video.
 Images are synthetic (``e2e_runner.synthetic_image``: seeded gradients with noise).
 """
 
@@ -21,6 +24,7 @@ import pytest
 from tests.integration.test_e2e_emulation import BLOCK_SIZE, req, run_spec
 from vllm_kunlun.demo.tiny_model import write_tiny_model
 from vllm_kunlun.demo.tiny_qwen3_5 import TinyQwen3_5Spec
+from vllm_kunlun.demo.tiny_qwen3_5_moe import TinyQwen3_5MoeSpec
 
 pytestmark = pytest.mark.slow
 
@@ -102,6 +106,22 @@ JOBS = [
 ]
 
 
+MOE_JOBS = [
+    {
+        "name": "moe_batch",
+        "requests": [
+            vreq(f"you : {IMAGE} what is this ?\ni :", [[40, 56, 1]]),
+            vreq("the quick brown fox jumps over the lazy dog"),
+            vreq(f"you : {IMAGE} or {IMAGE} ?\ni :", [[64, 48, 2], [16, 32, 3]]),
+        ],
+    },
+    {
+        "name": "moe_video",
+        "requests": [vreq(f"you : {VIDEO} what happens ?\ni :", video=[4, 48, 32, 12])],
+    },
+]
+
+
 @pytest.fixture(scope="module")
 def work(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("e2e_vision")
@@ -125,6 +145,34 @@ def run(checkpoint: str, work: Path) -> dict:
         "hf_vl_jobs": JOBS,
     }
     return run_spec(spec, work, "vision", timeout=600)
+
+
+@pytest.fixture(scope="module")
+def moe_run(work: Path) -> dict:
+    spec = TinyQwen3_5MoeSpec(layout="composite")
+    model = str(write_tiny_model(work / "moe", spec))
+    llm = {**LLM_ARGS, "enable_prefix_caching": False, "max_num_batched_tokens": 256}
+    return run_spec(
+        {
+            "backend": "vllm",
+            "model": model,
+            "llm": llm,
+            "engine_in_process": True,
+            "jobs": MOE_JOBS,
+            "hf_vl_jobs": MOE_JOBS,
+        },
+        work,
+        "vision_moe",
+        timeout=600,
+    )
+
+
+@pytest.mark.parametrize("job", [j["name"] for j in MOE_JOBS])
+def test_moe_composite_greedy_matches_transformers(moe_run: dict, job: str) -> None:
+    for got, want in zip(_rows(moe_run, job), moe_run["hf_vl"][job], strict=True):
+        assert got["prompt_token_ids"] == want["prompt_token_ids"], job
+        assert got["token_ids"] == want["token_ids"], (job, got["text"])
+    assert len({tuple(r["token_ids"]) for r in moe_run["hf_vl"]["moe_batch"]}) == 3
 
 
 def _rows(run: dict, job: str) -> list[dict[str, Any]]:

@@ -38,21 +38,26 @@ ARCHITECTURES = {
     ),
     "Qwen3_5MoeForCausalLM": "vllm_kunlun.models.qwen3_5_moe:Qwen3_5MoeForCausalLM",
     "Qwen3_5MoeForConditionalGeneration": (
+        "vllm_kunlun.models.qwen3_5_vl:Qwen3_5MoeForConditionalGeneration"
+    ),
+}
+
+
+# Where torchvision is missing, the composites are served on their text path (vLLM
+# 0.15.1's Qwen-VL processors import torchvision at module import).
+TEXT_ONLY_COMPOSITES = {
+    "Qwen3_5ForConditionalGeneration": (
+        "vllm_kunlun.models.qwen3_5:Qwen3_5TextOnlyForConditionalGeneration"
+    ),
+    "Qwen3_5MoeForConditionalGeneration": (
         "vllm_kunlun.models.qwen3_5_moe:Qwen3_5MoeForConditionalGeneration"
     ),
 }
 
 
-# Where torchvision is missing, the composite is served on its text path (vLLM 0.15.1's
-# Qwen-VL processors import torchvision at module import).
-TEXT_ONLY_COMPOSITE = (
-    "vllm_kunlun.models.qwen3_5:Qwen3_5TextOnlyForConditionalGeneration"
-)
-
-
 def architectures() -> dict[str, str]:
-    """``ARCHITECTURES`` for this process: the dense composite with its vision tower
-    where torchvision can be imported, else on its text path (logged once)."""
+    """``ARCHITECTURES`` for this process: the composites with their vision tower
+    where torchvision can be imported, else on their text path (logged once)."""
     import importlib.util
 
     if importlib.util.find_spec("torchvision") is not None:
@@ -61,11 +66,11 @@ def architectures() -> dict[str, str]:
     from vllm_kunlun.versions import install_hint
 
     init_logger(__name__).warning_once(
-        "vllm-kunlun: torchvision is not installed: Qwen3_5ForConditionalGeneration "
-        "is served on its text path (image and video requests are refused). Fix: %s",
+        "vllm-kunlun: torchvision is not installed: the Qwen3.5 composites are "
+        "served on their text path (image and video requests are refused). Fix: %s",
         install_hint("torchvision"),
     )
-    return {**ARCHITECTURES, "Qwen3_5ForConditionalGeneration": TEXT_ONLY_COMPOSITE}
+    return {**ARCHITECTURES, **TEXT_ONLY_COMPOSITES}
 
 
 def _registered_here(registry: object, arch: str, target: str) -> bool:

@@ -53,6 +53,7 @@ from vllm.multimodal import MULTIMODAL_REGISTRY
 
 from vllm_kunlun.logger import init_logger
 from vllm_kunlun.models.qwen3_5 import Qwen3_5ForCausalLM
+from vllm_kunlun.models.qwen3_5_moe import Qwen3_5MoeForCausalLM
 
 if TYPE_CHECKING:
     from vllm.multimodal.inputs import MultiModalFeatureSpec
@@ -86,7 +87,7 @@ def vision_config_without_deepstack(config: Any) -> Any:
             "vllm-kunlun: this Qwen3.5 vision config lists deepstack_visual_indexes "
             "%s; transformers' Qwen3.5 vision model uses no deepstack features, and "
             "neither does this model",
-            listed,
+            str(listed),  # *_once caches its arguments: hashable only
         )
     vision.deepstack_visual_indexes = []
     return vision
@@ -257,6 +258,29 @@ class Qwen3_5ForConditionalGeneration(
     packed_modules_mapping = {
         **Qwen3_5ForCausalLM.packed_modules_mapping,
         "qkv": ["qkv"],  # the tower's attention, fused on disk
+    }
+
+    def __init__(self, *, vllm_config: VllmConfig, prefix: str = "") -> None:
+        super().__init__(vllm_config=vllm_config, prefix=prefix)
+        self._init_vision(vllm_config, prefix)
+
+
+@MULTIMODAL_REGISTRY.register_processor(
+    Qwen3VLMultiModalProcessor,
+    info=Qwen3_5VLProcessingInfo,
+    dummy_inputs=Qwen3VLDummyInputsBuilder,
+)
+class Qwen3_5MoeForConditionalGeneration(
+    Qwen3_5VisionLanguage, Qwen3_5MoeForCausalLM, SupportsMultiModal
+):
+    """The MoE composite (``Qwen3_5MoeForConditionalGeneration``): the same vision
+    tower (transformers 5.2.0's ``Qwen3_5MoeVisionModel`` is the dense one's) in front
+    of the MoE hybrid text model."""
+
+    _text_prefix = "model.language_model."
+    packed_modules_mapping = {
+        **Qwen3_5MoeForCausalLM.packed_modules_mapping,
+        "qkv": ["qkv"],
     }
 
     def __init__(self, *, vllm_config: VllmConfig, prefix: str = "") -> None:

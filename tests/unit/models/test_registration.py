@@ -190,12 +190,13 @@ def test_what_vllm_learns_when_it_inspects_the_classes() -> None:
         qwen3_5.Qwen3_5ForCausalLM,
         qwen3_5.Qwen3_5TextOnlyForConditionalGeneration,
         qwen3_5_vl.Qwen3_5ForConditionalGeneration,
+        qwen3_5_vl.Qwen3_5MoeForConditionalGeneration,
     ):
         info = _ModelInfo.from_model_cls(cls)
         assert info.is_hybrid and info.has_inner_state and info.is_text_generation_model
         # Images reach only the composite with its tower; the others' are refused by
         # vLLM's front end.
-        vl = cls is qwen3_5_vl.Qwen3_5ForConditionalGeneration
+        vl = cls.__module__ == qwen3_5_vl.__name__
         assert info.supports_multimodal == vl
         assert info.supports_multimodal_encoder_tp_data == vl
         assert not info.supports_mamba_prefix_caching  # prefix caching in 'align' mode
@@ -270,19 +271,25 @@ def test_both_platforms_support_the_hybrid_kv_cache() -> None:
     assert KunlunHostEmulationPlatform.support_hybrid_kv_cache() is True
 
 
-def test_the_composite_is_multimodal_with_torchvision_and_text_only_without(
+@pytest.mark.parametrize(
+    "arch", ["Qwen3_5ForConditionalGeneration", "Qwen3_5MoeForConditionalGeneration"]
+)
+def test_the_composites_are_multimodal_with_torchvision_and_text_only_without(
+    arch: str,
     registry: dict[str, Any],
     monkeypatch: pytest.MonkeyPatch,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    """vLLM 0.15.1's Qwen-VL processors import torchvision: without it the composite
-    is registered on its text path, and the log names the install command."""
+    """vLLM 0.15.1's Qwen-VL processors import torchvision: without it the composites
+    are registered on their text path, and the log names the install command."""
     import importlib.util
 
-    arch = "Qwen3_5ForConditionalGeneration"
+    from vllm.logger import _print_warning_once
+
+    _print_warning_once.cache_clear()  # warning_once: a line this process logged before
     seen = vllm_registry._ModelInfo.from_model_cls
     with_tv = models.architectures()[arch]
-    assert with_tv.endswith("qwen3_5_vl:Qwen3_5ForConditionalGeneration")
+    assert with_tv == f"vllm_kunlun.models.qwen3_5_vl:{arch}"
     module, _, name = with_tv.partition(":")
     assert seen(getattr(importlib.import_module(module), name)).supports_multimodal
 
@@ -292,16 +299,17 @@ def test_the_composite_is_multimodal_with_torchvision_and_text_only_without(
         "find_spec",
         lambda n, *a: None if n == "torchvision" else real(n, *a),
     )
-    with caplog.at_level(logging.WARNING):
-        without = models.architectures()
-        models.register_models()
-    assert without[arch] == models.TEXT_ONLY_COMPOSITE
+    caplog.set_level(logging.WARNING, logger="vllm")  # its handler on "vllm" itself
+    without = models.architectures()
+    models.register_models()
+    text_only = models.TEXT_ONLY_COMPOSITES[arch]
+    assert without[arch] == text_only
     entry = ModelRegistry.models[arch]
-    assert f"{entry.module_name}:{entry.class_name}" == models.TEXT_ONLY_COMPOSITE
-    module, _, name = models.TEXT_ONLY_COMPOSITE.partition(":")
+    assert f"{entry.module_name}:{entry.class_name}" == text_only
+    module, _, name = text_only.partition(":")
     assert not seen(getattr(importlib.import_module(module), name)).supports_multimodal
     assert "pip install --no-deps torchvision==0.20.1" in caplog.text
-    # The other architectures do not depend on it.
-    assert {a: t for a, t in without.items() if a != arch} == {
-        a: t for a, t in models.ARCHITECTURES.items() if a != arch
+    # The text models do not depend on it.
+    assert {a: t for a, t in without.items() if "Conditional" not in a} == {
+        a: t for a, t in models.ARCHITECTURES.items() if "Conditional" not in a
     }
