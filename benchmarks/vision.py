@@ -133,7 +133,7 @@ def run(args: argparse.Namespace) -> dict:
             }
     return {
         "model": model,
-        "image": f"{w}x{h}",
+        "image_size": f"{w}x{h}",
         "num_prompts": args.num_prompts,
         "output_len": args.output_len,
         "prompt_len": length,
