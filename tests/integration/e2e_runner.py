@@ -248,6 +248,28 @@ def _prompt(request: dict[str, Any]) -> Any:
     return {"prompt": request["prompt"], "multi_modal_data": {"image": image}}
 
 
+def greedy_vl(model: Any, inputs: Any, max_tokens: int) -> list[int]:
+    """transformers' cached greedy decoding of one processed prompt (its pixels in
+    the prefill, then one token per step), argmax without an EOS stop."""
+    import torch
+
+    # Its M-RoPE offset is cached on the model between calls: a new prompt starts
+    # without one (a text-only prompt would inherit the last image's).
+    model.model.rope_deltas = None
+    out: list[int] = []
+    with torch.no_grad():
+        step = model(**inputs, use_cache=True)
+        for _ in range(max_tokens):
+            nxt = int(step.logits[0, -1].argmax())
+            out.append(nxt)
+            step = model(
+                input_ids=torch.tensor([[nxt]]),
+                past_key_values=step.past_key_values,
+                use_cache=True,
+            )
+    return out
+
+
 def run_hf_vl(spec: dict[str, Any]) -> dict[str, Any]:
     """Greedy reference for image/video prompts: transformers' own processor and
     model (float32), one request at a time, its cached decoding (prefill with the
@@ -275,20 +297,7 @@ def run_hf_vl(spec: dict[str, Any]) -> dict[str, Any]:
                 kwargs["video_metadata"] = [VideoMetadata(**fields)]
                 kwargs["do_sample_frames"] = False
             inputs = processor(text=[r["prompt"]], return_tensors="pt", **kwargs)
-            # Its M-RoPE offset is cached on the model between calls: a new prompt
-            # starts without one (a text-only prompt would inherit the last image's).
-            model.model.rope_deltas = None
-            out: list[int] = []
-            with torch.no_grad():
-                step = model(**inputs, use_cache=True)
-                for _ in range(r["max_tokens"]):
-                    nxt = int(step.logits[0, -1].argmax())
-                    out.append(nxt)
-                    step = model(
-                        input_ids=torch.tensor([[nxt]]),
-                        past_key_values=step.past_key_values,
-                        use_cache=True,
-                    )
+            out = greedy_vl(model, inputs, r["max_tokens"])
             prompt_ids = inputs["input_ids"][0].tolist()
             rows.append(
                 {

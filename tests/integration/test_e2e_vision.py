@@ -11,16 +11,23 @@ transformers' reference in the same interpreter:
   ``align`` mode for the hybrid) and up to three images and one video per prompt;
 - ``moe_run``: the MoE composite (the same tower before the sparse text model) on
   images, a text-only prompt in the same batch and a video.
+And ``vllm-kunlun demo --model <the dense composite> --in-process``, which answers its
+text prompts and one image prompt (an engine in its own interpreter).
 Images are synthetic (``e2e_runner.synthetic_image``: seeded gradients with noise).
 """
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from tests.conftest import REPO, child_env
+from tests.integration.e2e_runner import greedy_vl
 from tests.integration.test_e2e_emulation import BLOCK_SIZE, req, run_spec
 from vllm_kunlun.demo.tiny_model import write_tiny_model
 from vllm_kunlun.demo.tiny_qwen3_5 import TinyQwen3_5Spec
@@ -241,3 +248,62 @@ def test_chunked_prefill_split_the_image_and_the_prefix_cache_was_hit(
     # ... and at most the text before the image for another one.
     assert other["num_cached_tokens"] <= image[0], other
     assert other["token_ids"] != hit["token_ids"]
+
+
+DEMO_TOKENS = 8
+
+
+@pytest.fixture(scope="module")
+def demo(checkpoint: str, work: Path) -> tuple[dict, str]:
+    out = work / "demo.json"
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "vllm_kunlun.cli",
+            "demo",
+            "--model",
+            checkpoint,
+            "--max-tokens",
+            str(DEMO_TOKENS),
+            "--in-process",
+            "--json-out",
+            str(out),
+            "-v",
+        ],
+        env=child_env({"VLLM_PLUGINS": "kunlun"}, fakes=False),
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=REPO,
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:] + proc.stdout[-3000:]
+    return json.loads(out.read_text()), proc.stdout
+
+
+def test_the_demo_answers_an_image_prompt_as_transformers_does(
+    demo: tuple[dict, str], checkpoint: str
+) -> None:
+    """``vllm-kunlun demo --model DIR`` on a vision-language checkpoint: one image
+    prompt through the chat template, greedy == transformers on the same picture."""
+    import torch
+    from transformers import AutoModelForImageTextToText, AutoProcessor
+
+    from vllm_kunlun.demo.run import IMAGE_QUESTION, demo_image
+
+    report, stdout = demo
+    seen = report["image_generation"]
+    assert seen is not None and len(seen["token_ids"]) == DEMO_TOKENS
+    processor = AutoProcessor.from_pretrained(checkpoint)
+    content = [{"type": "image"}, {"type": "text", "text": IMAGE_QUESTION}]
+    prompt = processor.tokenizer.apply_chat_template(
+        [{"role": "user", "content": content}],
+        tokenize=False,
+        add_generation_prompt=True,
+    )
+    inputs = processor(text=[prompt], images=[demo_image()], return_tensors="pt")
+    model = AutoModelForImageTextToText.from_pretrained(checkpoint, dtype=torch.float32)
+    assert seen["prompt_token_ids"] == inputs["input_ids"][0].tolist()
+    assert seen["token_ids"] == greedy_vl(model.eval(), inputs, DEMO_TOKENS)
+    assert f"image> {seen['prompt']}\n  {seen['text'].strip()}" in stdout
+    assert len(report["generations"]) == 4  # the text prompts as before
