@@ -48,7 +48,11 @@ from vllm.model_executor.models.qwen3_vl import (
     Qwen3VLMultiModalProcessor,
     Qwen3VLProcessingInfo,
 )
-from vllm.model_executor.models.utils import WeightsMapper, maybe_prefix
+from vllm.model_executor.models.utils import (
+    StageMissingLayer,
+    WeightsMapper,
+    maybe_prefix,
+)
 from vllm.multimodal import MULTIMODAL_REGISTRY
 
 from vllm_kunlun.logger import init_logger
@@ -219,14 +223,16 @@ class Qwen3_5VisionLanguage:
         """The tower's tensors to the tower (vLLM's Qwen3-VL loader, which fuses
         nothing here: ``attn.qkv`` is fused on disk), the rest to the text model."""
         loaded: set[str] = set()
-        tower = self.visual if hasattr(self.visual, "load_weights") else None
+        # --limit-mm-per-prompt 0 for images and videos: vLLM built no tower (a
+        # StageMissingLayer, which forwards attributes to an uninitialized one).
+        tower = None if isinstance(self.visual, StageMissingLayer) else self.visual
 
         def text_weights() -> Iterable[tuple[str, torch.Tensor]]:
             for name, tensor in weights:
                 if not name.startswith(_VISUAL_PREFIXES):
                     yield name, tensor
                     continue
-                if tower is None:  # --limit-mm-per-prompt 0 for images and videos
+                if tower is None:
                     continue
                 local = name.split("visual.", 1)[1]
                 loaded.update(
