@@ -59,6 +59,14 @@ VALIDATED: tuple[Component, ...] = (
         known_broken=">=5.5",
     ),
     Component(
+        "torchvision",
+        "0.20.1",
+        False,
+        "pip install --no-deps torchvision==0.20.1 (on Kunlun: the torchvision build "
+        "for the vendor's torch 2.5.1)",
+        "images and video: vllm 0.15.1's Qwen-VL processors import it",
+    ),
+    Component(
         "kunlun_ops",
         "0.1.58",
         True,

@@ -19,7 +19,11 @@ Spec: {"backend": "vllm" | "hf", "model": DIR, "llm": {LLM kwargs},
        "hf_cache": bool (reference decodes with transformers' cache, not recompute),
        "metrics": bool (record vLLM's spec_decode counters after the jobs),
        "post": "module:function" run after the engine jobs with (spec, result)}
-A request with "image" carries a small image (multi_modal_data); a job with
+A request with "image" carries a small image (multi_modal_data); "images":
+[[width, height, seed], ...] synthetic images and "video": [frames, width, height,
+seed] a synthetic video (synthetic_image / synthetic_video), for the prompt's
+placeholders; "hf_vl_jobs" are referenced by transformers' AutoProcessor and
+AutoModelForImageTextToText on the same prompts and pixels (run_hf_vl). A job with
 "expect_error" records the error vLLM raises for it instead of failing the run.
 Result: {"jobs": {name: [{"prompt_token_ids", "token_ids", "text",
          "num_cached_tokens", "logprobs", "top_logprobs"}] or [{"error": str | None}]},
@@ -165,6 +169,8 @@ def run_vllm(spec: dict[str, Any]) -> dict[str, Any]:
             # after the engine jobs (e.g. a reference model in the same interpreter).
             mod, fn = spec["post"].split(":")
             result["post"] = getattr(importlib.import_module(mod), fn)(spec, result)
+        if spec.get("hf_vl_jobs"):
+            result["hf_vl"] = run_hf_vl({**spec, "jobs": spec["hf_vl_jobs"]})["jobs"]
         if spec.get("hf_jobs"):
             # transformers is already imported by vLLM: the reference costs only its
             # forward passes here.
@@ -198,13 +204,118 @@ def top_logprobs(completion: Any) -> list[list[list[float]]] | None:
     ]
 
 
+def synthetic_image(width: int, height: int, seed: int) -> Any:
+    """A deterministic RGB image: a colour gradient (different per seed) plus noise,
+    so that neighbouring patches differ and the tower's output depends on them."""
+    import numpy as np
+    from PIL import Image
+
+    rng = np.random.default_rng(seed)
+    y, x = np.mgrid[0:height, 0:width]
+    base = rng.uniform(0, 255, 3)
+    slope = rng.uniform(-3, 3, (2, 3))
+    img = base + x[..., None] * slope[0] + y[..., None] * slope[1]
+    img = img + rng.normal(0, 25, (height, width, 3))
+    return Image.fromarray(np.clip(img, 0, 255).astype(np.uint8))
+
+
+def synthetic_video(
+    frames: int, width: int, height: int, seed: int
+) -> tuple[Any, dict[str, Any]]:
+    """(frames, height, width, 3) uint8 frames drifting over time, and the metadata
+    vLLM's Qwen-VL video path needs (frames already sampled, 2 fps)."""
+    import numpy as np
+
+    first = np.asarray(synthetic_image(width, height, seed), dtype=np.int16)
+    video = np.stack(
+        [np.clip(first + 20 * i, 0, 255).astype(np.uint8) for i in range(frames)]
+    )
+    metadata = {
+        "fps": 2.0,
+        "duration": frames / 2.0,
+        "total_num_frames": frames,
+        "frames_indices": list(range(frames)),
+        "video_backend": "opencv",
+        "do_sample_frames": False,
+    }
+    return video, metadata
+
+
 def _prompt(request: dict[str, Any]) -> Any:
+    if request.get("images") or request.get("video"):
+        data: dict[str, Any] = {}
+        if request.get("images"):
+            data["image"] = [synthetic_image(*i) for i in request["images"]]
+        if request.get("video"):
+            data["video"] = synthetic_video(*request["video"])
+        return {"prompt": request["prompt"], "multi_modal_data": data}
     if not request.get("image"):
         return request["prompt"]
     from PIL import Image
 
     image = Image.new("RGB", (32, 32), color=(200, 30, 30))
     return {"prompt": request["prompt"], "multi_modal_data": {"image": image}}
+
+
+def greedy_vl(model: Any, inputs: Any, max_tokens: int) -> list[int]:
+    """transformers' cached greedy decoding of one processed prompt (its pixels in
+    the prefill, then one token per step), argmax without an EOS stop."""
+    import torch
+
+    # Its M-RoPE offset is cached on the model between calls: a new prompt starts
+    # without one (a text-only prompt would inherit the last image's).
+    model.model.rope_deltas = None
+    out: list[int] = []
+    with torch.no_grad():
+        step = model(**inputs, use_cache=True)
+        for _ in range(max_tokens):
+            nxt = int(step.logits[0, -1].argmax())
+            out.append(nxt)
+            step = model(
+                input_ids=torch.tensor([[nxt]]),
+                past_key_values=step.past_key_values,
+                use_cache=True,
+            )
+    return out
+
+
+def run_hf_vl(spec: dict[str, Any]) -> dict[str, Any]:
+    """Greedy reference for image/video prompts: transformers' own processor and
+    model (float32), one request at a time, its cached decoding (prefill with the
+    pixels, then one token per step), argmax without an EOS stop."""
+    import torch
+    from transformers import AutoModelForImageTextToText, AutoProcessor
+    from transformers.video_utils import VideoMetadata
+
+    processor = AutoProcessor.from_pretrained(spec["model"])
+    model = AutoModelForImageTextToText.from_pretrained(
+        spec["model"], dtype=torch.float32
+    )
+    model.eval()
+    result: dict[str, Any] = {"jobs": {}, "error": None}
+    for job in spec["jobs"]:
+        rows = []
+        for r in job["requests"]:
+            kwargs: dict[str, Any] = {}
+            if r.get("images"):
+                kwargs["images"] = [synthetic_image(*i) for i in r["images"]]
+            if r.get("video"):
+                video, meta = synthetic_video(*r["video"])
+                kwargs["videos"] = [video]
+                fields = {k: v for k, v in meta.items() if k != "do_sample_frames"}
+                kwargs["video_metadata"] = [VideoMetadata(**fields)]
+                kwargs["do_sample_frames"] = False
+            inputs = processor(text=[r["prompt"]], return_tensors="pt", **kwargs)
+            out = greedy_vl(model, inputs, r["max_tokens"])
+            prompt_ids = inputs["input_ids"][0].tolist()
+            rows.append(
+                {
+                    "prompt_token_ids": prompt_ids,
+                    "token_ids": out,
+                }
+            )
+        result["jobs"][job["name"]] = rows
+    return result
 
 
 def run_hf(spec: dict[str, Any]) -> dict[str, Any]:

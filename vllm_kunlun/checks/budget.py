@@ -43,6 +43,7 @@ from vllm_kunlun.checks.config_file import (
     config_int,
     config_key,
 )
+from vllm_kunlun.checks.encoder import EncoderPeak, encoder_peak
 from vllm_kunlun.checks.finding import Context, Finding
 
 GIB = 1 << 30
@@ -407,6 +408,13 @@ class Budget:
     """Pipeline stages: weights, KV cache and state are the busiest stage's."""
     num_spec: int = 0
     """Speculative tokens per step (counted in the state, KV and sampler lines)."""
+    encoder: EncoderPeak | None = None
+    """The vision tower at the processor's max pixels (checks/encoder.py): vLLM's
+    profiling run measures its peak, so it comes out of the KV cache."""
+
+    @property
+    def encoder_bytes(self) -> int:
+        return self.encoder.bytes if self.encoder is not None else 0
 
     @property
     def budget_bytes(self) -> float:
@@ -414,7 +422,12 @@ class Budget:
 
     @property
     def kv_bytes(self) -> float:
-        return self.budget_bytes - (self.weights_bytes or 0) - self.activation_bytes
+        return (
+            self.budget_bytes
+            - (self.weights_bytes or 0)
+            - self.activation_bytes
+            - self.encoder_bytes
+        )
 
     def safe_kv_bytes(self, weights_bytes: int) -> float:
         """The KV cache at the largest safe utilization with ``weights_bytes`` of
@@ -423,6 +436,7 @@ class Budget:
             self.max_safe_utilization * self.device_bytes
             - weights_bytes
             - self.activation_bytes
+            - self.encoder_bytes
         )
 
     @property
@@ -476,7 +490,18 @@ class Budget:
                 if moe
                 else []
             ),
-            f"KV cache <= budget - weights{' - MoE workspace' if moe else ''} = "
+            *(
+                [
+                    f"vision encoder at max pixels {self.encoder.max_pixels} "
+                    f"({self.encoder.patches} patches, one image) = "
+                    f"{gib(self.encoder_bytes)} (attention scores and activations of "
+                    "one block, profiled by vLLM: comes out of the KV cache)"
+                ]
+                if self.encoder is not None
+                else []
+            ),
+            f"KV cache <= budget - weights{' - MoE workspace' if moe else ''}"
+            f"{' - vision encoder' if self.encoder is not None else ''} = "
             f"{gib(self.kv_bytes)} "
             f"(~{kv_tokens} tokens at {self.kv_bytes_per_token} B/token)",
             f"beside the KV cache = (1 - {u:.2f}) x {gib(d)} = {gib(self.beside_bytes)}",
@@ -524,6 +549,7 @@ def estimate(
     reserve_gib: float = DEFAULT_RESERVE_GIB,
     pp: int = 1,
     num_spec: int = 0,
+    encoder: EncoderPeak | None = None,
 ) -> Budget:
     """``shape`` is the whole model and ``weights_bytes`` one TP rank's share of all
     layers; with ``pp`` stages each card holds the busiest stage's part of both;
@@ -555,6 +581,7 @@ def estimate(
         else 0,
         activation_bytes=shape.moe_workspace_bytes(tp, tokens),
         activation_tokens=tokens,
+        encoder=encoder,
     )
 
 
@@ -664,6 +691,7 @@ def to_finding(
         max_safe_utilization=budget.max_safe_utilization,
         kv_tokens=budget.kv_tokens,
         activation_bytes=budget.activation_bytes,
+        encoder_bytes=budget.encoder_bytes,
     )
     u = budget.utilization
     safe = budget.max_safe_utilization
@@ -681,6 +709,23 @@ def to_finding(
             f"{gib(budget.state_bytes)} + headroom {gib(budget.headroom_bytes)} do not "
             f"fit in {gib(budget.device_bytes)} at any --gpu-memory-utilization",
             more_memory_fix(budget, alternative),
+            details,
+        )
+    if budget.kv_bytes <= 0 < budget.kv_bytes + budget.encoder_bytes:
+        assert budget.encoder is not None
+        room = budget.kv_bytes + budget.encoder_bytes
+        pixels = budget.encoder.max_pixels_within(room / 2)
+        return Finding(
+            "kv_budget",
+            "fail",
+            f"at --gpu-memory-utilization {u:.2f} the vision encoder at the "
+            f"processor's max pixels ({budget.encoder.max_pixels}: "
+            f"{gib(budget.encoder_bytes)}) leaves no room for a KV cache "
+            f"({gib(room)} after the weights)",
+            "lower the images' max pixels, e.g. --mm-processor-kwargs "
+            f"'{{\"max_pixels\": {pixels}}}' (its encoder takes half that room), or "
+            "serve text only with --limit-mm-per-prompt "
+            '\'{"image": 0, "video": 0}\'',
             details,
         )
     if budget.kv_bytes <= 0:
@@ -782,6 +827,7 @@ def check_kv_budget(ctx: Context, device_runtime: Any = None) -> Finding:
         reserve_gib=DEFAULT_RESERVE_GIB if ctx.reserve_gib is None else ctx.reserve_gib,
         pp=ctx.pipeline_parallel_size,
         num_spec=ctx.num_speculative_tokens,
+        encoder=encoder_peak(verdict.path, config, shape.dtype_bytes, tp),
     )
     details: dict[str, Any] = {
         "device_memory_source": device_source,

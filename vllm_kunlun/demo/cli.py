@@ -251,6 +251,9 @@ def _print_report(report: Any) -> None:
     for g in report.generations:
         print(f"> {g.prompt}")
         print(f"  {g.text.strip()}")
+    if report.image_generation is not None:
+        print(f"image> {report.image_generation.prompt}")
+        print(f"  {report.image_generation.text.strip()}")
     print()
     print(
         f"{report.output_tokens} tokens for {len(report.generations)} prompts in "

@@ -32,6 +32,55 @@ DEFAULT_PROMPTS = (
 )
 
 
+# The image prompt of a vision-language model: a deterministic picture and a question.
+IMAGE_QUESTION = "what is in this picture ?"
+IMAGE_SIZE = (64, 48)
+
+
+def demo_image() -> Any:
+    """The demo's picture: a colour gradient with a dark square (deterministic)."""
+    import numpy as np
+    from PIL import Image
+
+    w, h = IMAGE_SIZE
+    y, x = np.mgrid[0:h, 0:w]
+    img = np.stack([x * 255 // w, y * 255 // h, (x + y) * 255 // (w + h)], axis=-1)
+    img[h // 4 : h // 2, w // 4 : w // 2] = 20
+    return Image.fromarray(img.astype(np.uint8))
+
+
+def image_messages() -> list[dict[str, Any]]:
+    """One user turn: the demo image (a PNG data URL) and the question."""
+    import base64
+    import io
+
+    buf = io.BytesIO()
+    demo_image().save(buf, format="PNG")
+    url = "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()
+    return [
+        {
+            "role": "user",
+            "content": [
+                {"type": "image_url", "image_url": {"url": url}},
+                {"type": "text", "text": IMAGE_QUESTION},
+            ],
+        }
+    ]
+
+
+def sees_images(model_dir: str) -> bool:
+    """Whether ``model_dir`` is a vision-language checkpoint with its image processor
+    (config.json with a ``vision_config``, and ``preprocessor_config.json``)."""
+    import json
+
+    path = Path(model_dir)
+    try:
+        config = json.loads((path / "config.json").read_text())
+    except (OSError, ValueError):
+        return False
+    return "vision_config" in config and (path / "preprocessor_config.json").is_file()
+
+
 # The tiny models ``--model`` names (anything else is a model directory).
 TINY_MODELS = {
     "qwen3_5": "the deployment log's model in miniature: tiny Qwen3.5 composite "
@@ -86,6 +135,9 @@ class DemoReport:
     output_tokens: int
     output_tokens_per_s: float
     generations: list[Generation] = field(default_factory=list)
+    # A vision-language model also answers one image prompt (IMAGE_QUESTION about
+    # demo_image(), through the chat template); None for a text model.
+    image_generation: Generation | None = None
     serving: list[dict[str, Any]] = field(default_factory=list)
     demo_pid: int = 0
 
@@ -162,6 +214,16 @@ def run_demo(
     t0 = time.perf_counter()
     outputs = llm.generate(list(prompts), params, use_tqdm=False)
     generate_s = time.perf_counter() - t0
+    image_generation = None
+    if sees_images(model_dir):
+        (seen,) = llm.chat(image_messages(), params, use_tqdm=False)
+        image_generation = Generation(
+            prompt=f"[{IMAGE_SIZE[0]}x{IMAGE_SIZE[1]} image] {IMAGE_QUESTION}",
+            text=seen.outputs[0].text,
+            prompt_token_ids=list(seen.prompt_token_ids or []),
+            token_ids=list(seen.outputs[0].token_ids),
+            num_cached_tokens=int(seen.num_cached_tokens or 0),
+        )
     serving = llm.collective_rpc(SERVING_INFO_METHOD)
 
     generations = [
@@ -188,6 +250,7 @@ def run_demo(
         output_tokens=output_tokens,
         output_tokens_per_s=round(output_tokens / generate_s, 1) if generate_s else 0.0,
         generations=generations,
+        image_generation=image_generation,
         serving=list(serving),
         demo_pid=os.getpid(),
     )

@@ -199,7 +199,7 @@ def _weights(spec: TinyQwen3Spec, vocab_size: int) -> dict:
     return w
 
 
-def _tokenizer_json(vocab: list[str]) -> str:
+def _tokenizer_json(vocab: list[str], special: tuple[str, ...] = ()) -> str:
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 
     tok = Tokenizer(
@@ -207,7 +207,9 @@ def _tokenizer_json(vocab: list[str]) -> str:
     )
     tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     tok.decoder = decoders.WordPiece(prefix="##", cleanup=False)
-    tok.add_special_tokens(list(SPECIAL_TOKENS))
+    # Special tokens are matched in raw text before the whitespace split, so
+    # "<|vision_start|><|image_pad|>" written without spaces is two tokens.
+    tok.add_special_tokens([*SPECIAL_TOKENS, *special])
     return tok.to_str(pretty=True)
 
 
@@ -224,9 +226,9 @@ CHAT_TEMPLATE = (
 )
 
 
-def _tokenizer_config() -> dict:
+def _tokenizer_config(chat_template: str = CHAT_TEMPLATE) -> dict:
     return {
-        "chat_template": CHAT_TEMPLATE,
+        "chat_template": chat_template,
         "tokenizer_class": "PreTrainedTokenizerFast",
         "bos_token": "<|endoftext|>",
         "eos_token": "<|endoftext|>",
@@ -243,10 +245,18 @@ def _write_atomic(path: Path, data: bytes) -> None:
     os.replace(tmp, path)
 
 
-def write_tokenizer_files(out: Path, vocab: list[str]) -> None:
-    """The offline tokenizer every tiny checkpoint shares."""
-    _write_atomic(out / "tokenizer.json", _tokenizer_json(vocab).encode())
-    _write_atomic(out / "tokenizer_config.json", _dump(_tokenizer_config()))
+def write_tokenizer_files(
+    out: Path,
+    vocab: list[str],
+    special: tuple[str, ...] = (),
+    chat_template: str = CHAT_TEMPLATE,
+) -> None:
+    """The offline tokenizer every tiny checkpoint shares; ``special``: extra special
+    tokens (already in ``vocab``), ``chat_template``: the checkpoint's own template."""
+    _write_atomic(out / "tokenizer.json", _tokenizer_json(vocab, special).encode())
+    _write_atomic(
+        out / "tokenizer_config.json", _dump(_tokenizer_config(chat_template))
+    )
     _write_atomic(
         out / "special_tokens_map.json",
         _dump({k: v for k, v in _tokenizer_config().items() if k.endswith("_token")}),
@@ -310,14 +320,21 @@ def write_tiny_model(
 
     spec = spec or TinyQwen3Spec()
     out = prepare_output_dir(directory)
-    vocab = vocabulary(getattr(spec, "vocab_size", None))
+    # A spec may add special tokens at the end of the vocabulary (the composite's
+    # vision tokens), its own chat template and more files (processor configs).
+    added = tuple(getattr(spec, "added_tokens", ()))
+    vocab = vocabulary(getattr(spec, "vocab_size", None)) + list(added)
 
     _write_atomic(out / "config.json", _dump(spec.config(len(vocab))))
     _write_atomic(
         out / "model.safetensors",
         save(spec.weights(len(vocab)), metadata={"format": "pt"}),
     )
-    write_tokenizer_files(out, vocab)
+    write_tokenizer_files(
+        out, vocab, added, getattr(spec, "chat_template", CHAT_TEMPLATE)
+    )
+    for name, data in getattr(spec, "extra_files", dict)().items():
+        _write_atomic(out / name, _dump(data))
     _write_atomic(out / MARKER, _dump(spec.marker()))
     return out
 

@@ -7,11 +7,18 @@ as the reference, without a download. Two layouts, as transformers writes them:
 
 - ``causal``: ``Qwen3_5ForCausalLM`` (``model_type`` ``qwen3_5_text``), weights ``model.*``;
 - ``composite``: ``Qwen3_5ForConditionalGeneration`` (``model_type`` ``qwen3_5``) with the
-  text config nested in ``text_config``, weights ``model.language_model.*``, a one-block
-  vision tower under ``model.visual.*`` and one ``mtp.*`` weight, as real checkpoints
-  carry them (vLLM must skip both).
+  text config nested in ``text_config``, weights ``model.language_model.*``, a working
+  one-block vision tower under ``model.visual.*`` and one ``mtp.*`` weight (skipped),
+  as real checkpoints carry them; the vision tokens (``<|vision_start|>``,
+  ``<|vision_end|>``, ``<|image_pad|>``, ``<|video_pad|>``) at the end of the vocabulary,
+  a chat template that places them, and the processor files transformers' and vLLM's
+  ``Qwen3VLProcessor`` read (``preprocessor_config.json``,
+  ``video_preprocessor_config.json``) with small min/max pixels (a handful of tokens per
+  image).
 
-The text weights are the same in both layouts, so both must generate the same tokens.
+The text weights are the same in both layouts, so both must generate the same tokens:
+the composite's four extra vocabulary rows are appended after the shared draws, with
+zero ``lm_head`` rows (logit 0, far below the greedy winner: never generated).
 Scales follow ``tiny_model``: untied embeddings and a wide ``lm_head`` for clear greedy
 margins; slow GDN decay (A in [0.05, 0.5]) so the recurrent and conv states carry
 information across tokens, chunks and steps (a state bug changes the output).
@@ -26,14 +33,41 @@ import math
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from vllm_kunlun.demo.tiny_model import SEED, decoder_fields
+from vllm_kunlun.demo.tiny_model import CHAT_TEMPLATE, SEED, decoder_fields
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: the composite sees (vision tokens, processor files)
 LAYOUTS = ("causal", "composite")
 ARCHITECTURES = {
     "causal": "Qwen3_5ForCausalLM",
     "composite": "Qwen3_5ForConditionalGeneration",
 }
+
+
+# Appended to the composite's vocabulary in this order (ids vocab-4 .. vocab-1).
+VISION_TOKENS = ("<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>")
+
+# tiny_model.CHAT_TEMPLATE for string content (the same rendering, so text chats keep
+# their tokens); list content (images, videos, text parts) places each part's
+# placeholder where Qwen's own template does.
+VL_CHAT_TEMPLATE = (
+    "{%- set names = {'system': 'the model', 'user': 'you', 'assistant': 'i'} -%}"
+    "{%- for message in messages -%}"
+    "{{ names.get(message['role'], message['role']) }} :"
+    "{%- if message['content'] is string %} {{ message['content'] }}"
+    "{%- else -%}"
+    "{%- for part in message['content'] -%}"
+    "{%- if part['type'] == 'image' or part['type'] == 'image_url' -%}"
+    " <|vision_start|><|image_pad|><|vision_end|>"
+    "{%- elif part['type'] == 'video' or part['type'] == 'video_url' -%}"
+    " <|vision_start|><|video_pad|><|vision_end|>"
+    "{%- elif part['type'] == 'text' %} {{ part['text'] }}"
+    "{%- endif -%}"
+    "{%- endfor -%}"
+    "{%- endif -%}"
+    "{{ '\\n' }}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}i :{%- endif -%}"
+)
 
 
 @dataclass(frozen=True)
@@ -60,6 +94,10 @@ class TinyQwen3_5Spec:
     rms_norm_eps: float = 1e-6
     vision_hidden_size: int = 32
     vision_patch_size: int = 4
+
+    # The processor's pixel bounds: 4..64 merged tokens per image.
+    min_pixels: int = 16 * 16
+    max_pixels: int = 64 * 64
 
     def __post_init__(self) -> None:
         if self.layout not in LAYOUTS:
@@ -108,6 +146,18 @@ class TinyQwen3_5Spec:
 
     def config(self, vocab_size: int) -> dict:
         return config(self, vocab_size)
+
+    # ---- what the composite adds to the tiny_model writer ------------------------
+    @property
+    def added_tokens(self) -> tuple[str, ...]:
+        return VISION_TOKENS if self.layout == "composite" else ()
+
+    @property
+    def chat_template(self) -> str:
+        return VL_CHAT_TEMPLATE if self.layout == "composite" else CHAT_TEMPLATE
+
+    def extra_files(self) -> dict[str, dict]:
+        return processor_files(self) if self.layout == "composite" else {}
 
     def weights(self, vocab_size: int) -> dict:
         return weights(self, vocab_size)
@@ -174,10 +224,11 @@ def config(spec: TinyQwen3_5Spec, vocab_size: int) -> dict:
         "model_type": spec.model_type,
         "text_config": text,
         "vision_config": _vision_config(spec),
-        "image_token_id": vocab_size + 1,  # outside the text vocabulary: never typed
-        "video_token_id": vocab_size + 2,
-        "vision_start_token_id": vocab_size + 3,
-        "vision_end_token_id": vocab_size + 4,
+        # The last four vocabulary entries (VISION_TOKENS' order).
+        "vision_start_token_id": vocab_size - 4,
+        "vision_end_token_id": vocab_size - 3,
+        "image_token_id": vocab_size - 2,
+        "video_token_id": vocab_size - 1,
         "tie_word_embeddings": False,
         "dtype": "float32",
         "vllm_kunlun_tiny": marker,
@@ -205,9 +256,14 @@ def _text_weights(spec: TinyQwen3_5Spec, vocab_size: int, prefix: str) -> dict:
     def linear(out: int, inp: int, gain: float = 1.0) -> torch.Tensor:
         return normal(out, inp, std=gain / math.sqrt(inp))
 
-    w: dict[str, torch.Tensor] = {
-        f"{prefix}embed_tokens.weight": normal(vocab_size, h, std=1.0)
-    }
+    # Vision tokens at the end get rows of their own stream, after the shared draws.
+    added = len(spec.added_tokens)
+    embed = normal(vocab_size - added, h, std=1.0)
+    if added:
+        extra = torch.Generator().manual_seed(SEED + 3)
+        rows = torch.randn(added, h, generator=extra, dtype=torch.float32)
+        embed = torch.cat([embed, rows])
+    w: dict[str, torch.Tensor] = {f"{prefix}embed_tokens.weight": embed}
     for i, kind in enumerate(spec.layer_types):
         p = f"{prefix}layers.{i}."
         # Qwen3.5 RMSNorm scales by (1 + weight): weights near 0 keep the gain near 1.
@@ -242,43 +298,92 @@ def _text_weights(spec: TinyQwen3_5Spec, vocab_size: int, prefix: str) -> dict:
 
 
 def _vision_weights(spec: TinyQwen3_5Spec) -> dict:
-    """A one-block vision tower in transformers' Qwen3.5 names (never used for text)."""
+    """A one-block vision tower in transformers' Qwen3.5 names. Scales keep each
+    layer's output near unit size, so the merged image features are as large as the
+    token embeddings they replace and an image changes what the model says."""
     import torch
 
     gen = torch.Generator().manual_seed(SEED + 1)
     vh, out = spec.vision_hidden_size, spec.hidden_size
     merged = vh * 4
 
-    def normal(*shape: int) -> torch.Tensor:
-        return torch.randn(*shape, generator=gen, dtype=torch.float32) * 0.02
+    def normal(*shape: int, std: float) -> torch.Tensor:
+        return torch.randn(*shape, generator=gen, dtype=torch.float32) * std
+
+    def linear(n_out: int, n_in: int) -> torch.Tensor:
+        return normal(n_out, n_in, std=1.0 / math.sqrt(n_in))
 
     v = "model.visual."
     b = v + "blocks.0."
     ps = spec.vision_patch_size
+    patch_in = 3 * 2 * ps * ps
     w = {
-        v + "patch_embed.proj.weight": normal(vh, 3, 2, ps, ps),
-        v + "patch_embed.proj.bias": normal(vh),
-        v + "pos_embed.weight": normal(64, vh),
-        b + "norm1.weight": torch.ones(vh),
-        b + "norm1.bias": torch.zeros(vh),
-        b + "norm2.weight": torch.ones(vh),
-        b + "norm2.bias": torch.zeros(vh),
-        b + "attn.qkv.weight": normal(3 * vh, vh),
-        b + "attn.qkv.bias": normal(3 * vh),
-        b + "attn.proj.weight": normal(vh, vh),
-        b + "attn.proj.bias": normal(vh),
-        b + "mlp.linear_fc1.weight": normal(2 * vh, vh),
-        b + "mlp.linear_fc1.bias": normal(2 * vh),
-        b + "mlp.linear_fc2.weight": normal(vh, 2 * vh),
-        b + "mlp.linear_fc2.bias": normal(vh),
-        v + "merger.norm.weight": torch.ones(vh),
-        v + "merger.norm.bias": torch.zeros(vh),
-        v + "merger.linear_fc1.weight": normal(merged, merged),
-        v + "merger.linear_fc1.bias": normal(merged),
-        v + "merger.linear_fc2.weight": normal(out, merged),
-        v + "merger.linear_fc2.bias": normal(out),
+        v + "patch_embed.proj.weight": normal(
+            vh, 3, 2, ps, ps, std=3.0 / patch_in**0.5
+        ),
+        v + "patch_embed.proj.bias": normal(vh, std=0.1),
+        v + "pos_embed.weight": normal(64, vh, std=0.5),
+        b + "norm1.weight": 1.0 + normal(vh, std=0.1),
+        b + "norm1.bias": normal(vh, std=0.1),
+        b + "norm2.weight": 1.0 + normal(vh, std=0.1),
+        b + "norm2.bias": normal(vh, std=0.1),
+        b + "attn.qkv.weight": linear(3 * vh, vh) * 2.0,
+        b + "attn.qkv.bias": normal(3 * vh, std=0.1),
+        b + "attn.proj.weight": linear(vh, vh),
+        b + "attn.proj.bias": normal(vh, std=0.1),
+        b + "mlp.linear_fc1.weight": linear(2 * vh, vh),
+        b + "mlp.linear_fc1.bias": normal(2 * vh, std=0.1),
+        b + "mlp.linear_fc2.weight": linear(vh, 2 * vh),
+        b + "mlp.linear_fc2.bias": normal(vh, std=0.1),
+        v + "merger.norm.weight": 1.0 + normal(vh, std=0.1),
+        v + "merger.norm.bias": normal(vh, std=0.1),
+        v + "merger.linear_fc1.weight": linear(merged, merged),
+        v + "merger.linear_fc1.bias": normal(merged, std=0.1),
+        v + "merger.linear_fc2.weight": linear(out, merged) * 2.0,
+        v + "merger.linear_fc2.bias": normal(out, std=0.1),
     }
     return w
+
+
+def processor_files(spec: TinyQwen3_5Spec) -> dict[str, dict]:
+    """The image and video processor configs, as Qwen3.5 checkpoints ship them, with
+    the tiny tower's patch size and small pixel bounds (``size``'s shortest/longest
+    edge are the min/max pixel counts)."""
+    common = {
+        "patch_size": spec.vision_patch_size,
+        "temporal_patch_size": 2,
+        "merge_size": 2,
+        "image_mean": [0.5, 0.5, 0.5],
+        "image_std": [0.5, 0.5, 0.5],
+        "do_rescale": True,
+        "rescale_factor": 1 / 255,
+        "do_normalize": True,
+        "do_convert_rgb": True,
+        "do_resize": True,
+        "processor_class": "Qwen3VLProcessor",
+    }
+    image = {
+        **common,
+        "image_processor_type": "Qwen2VLImageProcessorFast",
+        "size": {"shortest_edge": spec.min_pixels, "longest_edge": spec.max_pixels},
+    }
+    video = {
+        **common,
+        "video_processor_type": "Qwen3VLVideoProcessor",
+        # Video bounds count frames too (two frames per temporal patch).
+        "size": {
+            "shortest_edge": 2 * spec.min_pixels,
+            "longest_edge": 2 * spec.max_pixels,
+        },
+        "fps": 2,
+        "min_frames": 2,
+        "max_frames": 8,
+        "do_sample_frames": False,
+    }
+    return {
+        "preprocessor_config.json": image,
+        "video_preprocessor_config.json": video,
+    }
 
 
 def weights(spec: TinyQwen3_5Spec, vocab_size: int) -> dict:
@@ -288,10 +393,14 @@ def weights(spec: TinyQwen3_5Spec, vocab_size: int) -> dict:
     w = _text_weights(spec, vocab_size, prefix)
     gen = torch.Generator().manual_seed(SEED + 2)
     # A wide lm_head spreads the logits (std ~3): clear greedy margins, varied output.
-    w["lm_head.weight"] = (
-        torch.randn(vocab_size, spec.hidden_size, generator=gen)
-        * 3.0
-        / math.sqrt(spec.hidden_size)
+    added = len(spec.added_tokens)
+    w["lm_head.weight"] = torch.cat(
+        [
+            torch.randn(vocab_size - added, spec.hidden_size, generator=gen)
+            * 3.0
+            / math.sqrt(spec.hidden_size),
+            torch.zeros(added, spec.hidden_size),  # vision tokens: never generated
+        ]
     )
     if spec.layout == "composite":
         w.update(_vision_weights(spec))

@@ -6,7 +6,10 @@ processing) reads ``image_processor.min_pixels`` / ``.max_pixels`` and
 transformers 5.5.x dropped ``max_pixels`` and the engine core died with AttributeError.
 ``hasattr(Qwen2VLImageProcessor, "max_pixels")`` is False even on the good 5.2.0 (the
 attribute is set in ``__init__``), so the check builds an instance offline (default
-arguments, no download) and reads the attributes the way vLLM does.
+arguments, no download) and reads the attributes the way vLLM does. The fast processor
+(torchvision) keeps both attributes but leaves them None with the bounds in ``size``;
+vLLM's Qwen3-VL path (Qwen3.5 included) reads ``size`` and ``max_pixels or
+size["longest_edge"]``, so None with readable ``size`` bounds passes.
 """
 
 from __future__ import annotations
@@ -42,19 +45,24 @@ def probe_processor(cls: Callable[[], Any]) -> list[str]:
     """What vLLM 0.15.1 would fail to read on a default instance of ``cls``."""
     instance = cls()
     problems = []
-    for attr in ("min_pixels", "max_pixels"):
+    size = getattr(instance, "size", None)
+    edges = {}
+    for edge in ("shortest_edge", "longest_edge"):
+        try:
+            edges[edge] = size[edge]  # type: ignore[index]
+        except Exception:
+            if edge == "longest_edge":
+                problems.append(f'.size["longest_edge"] unreadable (size={size!r})')
+    for attr, edge in (("min_pixels", "shortest_edge"), ("max_pixels", "longest_edge")):
         try:
             value = getattr(instance, attr)
         except AttributeError:
             problems.append(f"instance has no .{attr}")
             continue
+        if value is None and isinstance(edges.get(edge), int):
+            continue  # the bound is in size, where vLLM's Qwen3-VL path reads it
         if not isinstance(value, int):
             problems.append(f".{attr} is {value!r}, not an int")
-    size = getattr(instance, "size", None)
-    try:
-        size["longest_edge"]  # type: ignore[index]
-    except Exception:
-        problems.append(f'.size["longest_edge"] unreadable (size={size!r})')
     return problems
 
 

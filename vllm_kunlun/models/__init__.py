@@ -34,9 +34,21 @@ from __future__ import annotations
 ARCHITECTURES = {
     "Qwen3_5ForCausalLM": "vllm_kunlun.models.qwen3_5:Qwen3_5ForCausalLM",
     "Qwen3_5ForConditionalGeneration": (
-        "vllm_kunlun.models.qwen3_5:Qwen3_5ForConditionalGeneration"
+        "vllm_kunlun.models.qwen3_5_vl:Qwen3_5ForConditionalGeneration"
     ),
     "Qwen3_5MoeForCausalLM": "vllm_kunlun.models.qwen3_5_moe:Qwen3_5MoeForCausalLM",
+    "Qwen3_5MoeForConditionalGeneration": (
+        "vllm_kunlun.models.qwen3_5_vl:Qwen3_5MoeForConditionalGeneration"
+    ),
+}
+
+
+# Where torchvision is missing, the composites are served on their text path (vLLM
+# 0.15.1's Qwen-VL processors import torchvision at module import).
+TEXT_ONLY_COMPOSITES = {
+    "Qwen3_5ForConditionalGeneration": (
+        "vllm_kunlun.models.qwen3_5:Qwen3_5TextOnlyForConditionalGeneration"
+    ),
     "Qwen3_5MoeForConditionalGeneration": (
         "vllm_kunlun.models.qwen3_5_moe:Qwen3_5MoeForConditionalGeneration"
     ),
@@ -45,6 +57,24 @@ ARCHITECTURES = {
     "Qwen3_5MTP": "vllm_kunlun.models.qwen3_5_mtp:Qwen3_5MTP",
     "Qwen3_5MoeMTP": "vllm_kunlun.models.qwen3_5_mtp:Qwen3_5MoeMTP",
 }
+
+
+def architectures() -> dict[str, str]:
+    """``ARCHITECTURES`` for this process: the composites with their vision tower
+    where torchvision can be imported, else on their text path (logged once)."""
+    import importlib.util
+
+    if importlib.util.find_spec("torchvision") is not None:
+        return dict(ARCHITECTURES)
+    from vllm_kunlun.logger import init_logger
+    from vllm_kunlun.versions import install_hint
+
+    init_logger(__name__).warning_once(
+        "vllm-kunlun: torchvision is not installed: the Qwen3.5 composites are "
+        "served on their text path (image and video requests are refused). Fix: %s",
+        install_hint("torchvision"),
+    )
+    return {**ARCHITECTURES, **TEXT_ONLY_COMPOSITES}
 
 
 def _registered_here(registry: object, arch: str, target: str) -> bool:
@@ -66,7 +96,7 @@ def register_models() -> list[str]:
     from vllm_kunlun.models.inspection import in_process_entry
 
     added = []
-    for arch, target in ARCHITECTURES.items():
+    for arch, target in architectures().items():
         if _registered_here(ModelRegistry, arch, target):
             continue
         if arch in ModelRegistry.get_supported_archs():

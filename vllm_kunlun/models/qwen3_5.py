@@ -19,9 +19,9 @@ layer, M-RoPE positions (text only: the three rows are the token positions), and
 composite checkpoint layout (``model.language_model.*``, nested ``text_config``).
 
 The MoE members reuse all of this with a sparse block in place of the MLP
-(``models/qwen3_5_moe.py``). Not served yet (each refused with the reason): image/video
-inputs (the vision tower's weights are skipped). The ``mtp.*`` head is skipped here:
-the MTP draft model (``models/qwen3_5_mtp.py``) loads it for speculative decoding.
+(``models/qwen3_5_moe.py``); the vision-language composite adds the vision tower
+(``models/qwen3_5_vl.py``). The ``mtp.*`` head is skipped here: the MTP draft model
+(``models/qwen3_5_mtp.py``) loads it for speculative decoding.
 Correctness reference: transformers 5.2.0 ``models/qwen3_5/modeling_qwen3_5.py``.
 
 Removal: when the validated vLLM ships a Qwen3.5 implementation that runs here.
@@ -98,8 +98,8 @@ logger = init_logger(__name__)
 
 # Checkpoint prefixes that carry no text weights: the vision tower and the MTP head.
 _SKIPPED_PREFIXES = {
-    "model.visual.": "the vision tower (image/video inputs are not served yet)",
-    "visual.": "the vision tower (image/video inputs are not served yet)",
+    "model.visual.": "the vision tower (a text-only checkpoint class)",
+    "visual.": "the vision tower (a text-only checkpoint class)",
     "mtp.": "the multi-token-prediction head (the MTP draft model loads it)",
 }
 # (param in this model, name in the checkpoint, shard id)
@@ -681,12 +681,14 @@ class Qwen3_5ForCausalLM(
         return MambaStateCopyFuncCalculator.gated_delta_net_state_copy_func()
 
 
-class Qwen3_5ForConditionalGeneration(Qwen3_5ForCausalLM):
-    """The vision-language composite, served on its text path: weights
-    ``model.language_model.*`` and ``lm_head.*``; the config nests ``text_config``.
+class Qwen3_5TextOnlyForConditionalGeneration(Qwen3_5ForCausalLM):
+    """The vision-language composite on its text path only (weights
+    ``model.language_model.*`` and ``lm_head.*``; the vision tower's are skipped).
 
-    Not a vLLM multimodal model (no image processor is built): prompts with image or
-    video data are refused by vLLM's input processing before they reach the engine.
+    Registered for ``Qwen3_5ForConditionalGeneration`` where torchvision is missing:
+    vLLM 0.15.1's Qwen-VL processors cannot be imported without it
+    (``models/__init__.py``). Not a vLLM multimodal model: prompts with image or video
+    data are refused by vLLM's input processing before they reach the engine.
     """
 
     _text_prefix = "model.language_model."

@@ -413,7 +413,9 @@ class Qwen3_5MoeForCausalLM(MoeWeightLoading, Qwen3_5ForCausalLM):
 
 
 class Qwen3_5MoeForConditionalGeneration(Qwen3_5MoeForCausalLM):
-    """The MoE composite on its text path (weights ``model.language_model.*``), as the
-    dense composite is served (``qwen3_5.Qwen3_5ForConditionalGeneration``)."""
+    """The MoE composite on its text path (weights ``model.language_model.*``; the
+    vision tower's skipped), registered where torchvision is missing
+    (``models/__init__.py``); with it, ``qwen3_5_vl.Qwen3_5MoeForConditionalGeneration``
+    serves images too."""
 
     _text_prefix = "model.language_model."

@@ -306,6 +306,18 @@ REGISTRY: tuple[RuntimePatch, ...] = (
         "vLLM answers a non-object request body with 400",
     ),
     RuntimePatch(
+        "image_decode_check",
+        "vllm_kunlun.guards.media",
+        (
+            "vllm.multimodal.media.image.ImageMediaIO.load_bytes",
+            "vllm.multimodal.media.image.ImageMediaIO.load_file",
+        ),
+        "an image whose bytes do not decode (truncated, corrupt) passes the request "
+        "parser and fails in the multimodal processor: a 500 instead of a 400",
+        _FRONT,
+        "vLLM decodes images while it parses a request",
+    ),
+    RuntimePatch(
         "serve_shutdown_bound",
         "vllm_kunlun.guards.shutdown",
         ("vllm.entrypoints.openai.api_server.serve_http",),

@@ -39,6 +39,12 @@ _NVIDIA_ONLY_ATTN_BACKENDS = {
     AttentionBackendEnum.CUTLASS_MLA: "needs vllm._C CUTLASS kernels",
 }
 
+# Vision-encoder backends vLLM 0.15.1 knows besides TORCH_SDPA, and why they cannot run.
+_VIT_REFUSED = {
+    AttentionBackendEnum.FLASH_ATTN: "needs FlashAttention's varlen CUDA kernels",
+    AttentionBackendEnum.ROCM_AITER_FA: "needs ROCm's AITER kernels",
+}
+
 
 def check_environment() -> None:
     """Refuse malformed ``VLLM_KUNLUN_*`` values; warn about names nothing declares."""
@@ -185,6 +191,38 @@ class KunlunPlatformBase(Platform):
             "selected" if selected_backend else "default",
         )
         return backend.get_path()
+
+    # ---- vision encoder attention ------------------------------------------------
+    @classmethod
+    def get_supported_vit_attn_backends(cls) -> list[AttentionBackendEnum]:
+        return [AttentionBackendEnum.TORCH_SDPA]
+
+    @classmethod
+    def get_vit_attn_backend(
+        cls,
+        head_size: int,
+        dtype: torch.dtype,
+        backend: AttentionBackendEnum | None = None,
+    ) -> AttentionBackendEnum:
+        """The vision encoders' attention (vLLM's ``MMEncoderAttention``): torch SDPA
+        per image, the portable path on every platform of ours. No vendor call for
+        variable-length encoder attention is pinned in docs/vendor-calls.md, and
+        vLLM's other encoder backends need NVIDIA or ROCm binaries, so an explicit
+        ``--mm-encoder-attn-backend`` naming one is refused with the reason."""
+        if backend is not None and backend != AttentionBackendEnum.TORCH_SDPA:
+            reason = _VIT_REFUSED.get(backend, f"is not validated {cls._attn_where}")
+            raise ValueError(
+                f"Vision encoder attention backend {backend.name} cannot run "
+                f"{cls._attn_where}: it {reason}. Use TORCH_SDPA (portable torch "
+                "scaled_dot_product_attention), or leave --mm-encoder-attn-backend "
+                "unset."
+            )
+        logger.info_once(
+            "vllm-kunlun: vision encoder attention TORCH_SDPA %s (%s)",
+            cls._attn_where,
+            "selected" if backend else "the portable default",
+        )
+        return AttentionBackendEnum.TORCH_SDPA
 
     # ---- distributed --------------------------------------------------------------
     @classmethod

@@ -14,6 +14,7 @@ GOOD = {
     "vllm": "0.15.1",
     "torch": "2.5.1+cu124",
     "transformers": "5.2.0",
+    "torchvision": "0.20.1+cu124",
     "kunlun_ops": "0.1.58",
     "xspeedgate_ops": "0.0.0+torch25",
     "cocopod": "1.0",
@@ -42,6 +43,14 @@ def test_transformers_553_fails_with_the_install_command() -> None:
     assert "max_pixels" in f.cause
     assert f.fix == "pip install --no-deps --force-reinstall transformers==5.2.0"
     assert f.details["transformers"]["known_broken"] is True
+
+
+def test_missing_torchvision_fails_with_the_install_command() -> None:
+    """Images and video need it (vLLM 0.15.1's Qwen-VL processors import it)."""
+    f = check_stack_versions(Context(), _installed(torchvision=None), on_kunlun=False)
+    assert f.status == "fail"
+    assert "torchvision not installed (validated 0.20.1)" in f.cause
+    assert "pip install --no-deps torchvision==0.20.1" in f.fix
 
 
 def test_missing_vendor_wheel_matters_only_on_kunlun() -> None:

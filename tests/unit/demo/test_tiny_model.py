@@ -198,7 +198,19 @@ def test_hybrid_layouts_share_their_text_weights(hybrid_dirs: dict[str, Path]) -
         if k.startswith("model.language_model.") or k == "lm_head.weight"
     }
     assert text.keys() == causal.keys()
-    assert all(torch.equal(text[k], causal[k]) for k in causal)
+    # The composite's vocabulary ends with the four vision tokens: the rows before
+    # them are the causal layout's, and their lm_head rows are zero (never generated).
+    rows = causal["lm_head.weight"].shape[0]
+    for name in ("model.embed_tokens.weight", "lm_head.weight"):
+        assert text[name].shape[0] == rows + 4
+        assert torch.equal(text[name][:rows], causal[name])
+    assert not text["lm_head.weight"][rows:].any()
+    assert text["model.embed_tokens.weight"][rows:].abs().sum() > 0
+    assert all(
+        torch.equal(text[k], causal[k])
+        for k in causal
+        if k not in ("model.embed_tokens.weight", "lm_head.weight")
+    )
     extra = set(composite) - {k for k in composite if k.startswith("model.language_")}
     assert any(k.startswith("model.visual.blocks.0.") for k in extra)
     assert any(k.startswith("mtp.") for k in extra)
@@ -231,7 +243,7 @@ def test_hybrid_checkpoints_are_deterministic_and_kept_apart(
     assert tiny_model.is_tiny_model(again, spec)
     assert not tiny_model.is_tiny_model(again)  # not the Qwen3 one
     assert not tiny_model.is_tiny_model(again, TinyQwen3_5Spec(layout="causal"))
-    assert tiny_model.default_cache_dir(spec).name == "tiny-qwen3_5-composite-v1"
+    assert tiny_model.default_cache_dir(spec).name == "tiny-qwen3_5-composite-v2"
     with pytest.raises(ValueError, match="layout 'vl' is not one of causal, composite"):
         TinyQwen3_5Spec(layout="vl")
 

@@ -25,6 +25,16 @@ class Like553:
         self.size = {"shortest_edge": 3136, "longest_edge": 1003520}
 
 
+class LikeFast520:
+    """transformers 5.2.0's fast processor: the attributes exist but are None, the
+    bounds are in ``size``."""
+
+    def __init__(self, size: dict | None = None) -> None:
+        self.size = size or {"shortest_edge": 3136, "longest_edge": 1003520}
+        self.min_pixels = None
+        self.max_pixels = None
+
+
 def _check(*processors: tuple[str, Any, str]):
     return check_transformers_compat(Context(), list(processors))
 
@@ -50,6 +60,15 @@ def test_fast_processor_missing_torchvision_is_not_a_failure() -> None:
     )
     assert f.status == "ok"
     assert "torchvision" in f.details["Qwen2VLImageProcessorFast"]
+
+
+def test_fast_processor_with_bounds_in_size_passes_and_without_them_fails() -> None:
+    ok = _check(("Qwen2VLImageProcessor", Like520, ""), ("Fast", LikeFast520, ""))
+    assert ok.status == "ok", ok
+    bad = _check(("Fast", lambda: LikeFast520({"height": 4}), ""))
+    assert bad.status == "fail"
+    assert '.size["longest_edge"] unreadable' in bad.cause
+    assert "Fast: .max_pixels is None, not an int" in bad.cause
 
 
 def test_slow_processor_not_importable_fails() -> None:

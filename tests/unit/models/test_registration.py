@@ -184,12 +184,21 @@ def test_an_architecture_vllm_serves_is_left_to_vllm(
 
 def test_what_vllm_learns_when_it_inspects_the_classes() -> None:
     """What vLLM's registry computes from the classes (``InProcessLazyModel``)."""
-    from vllm_kunlun.models import qwen3_5
+    from vllm_kunlun.models import qwen3_5, qwen3_5_vl
 
-    for cls in (qwen3_5.Qwen3_5ForCausalLM, qwen3_5.Qwen3_5ForConditionalGeneration):
+    for cls in (
+        qwen3_5.Qwen3_5ForCausalLM,
+        qwen3_5.Qwen3_5TextOnlyForConditionalGeneration,
+        qwen3_5_vl.Qwen3_5ForConditionalGeneration,
+        qwen3_5_vl.Qwen3_5MoeForConditionalGeneration,
+    ):
         info = _ModelInfo.from_model_cls(cls)
         assert info.is_hybrid and info.has_inner_state and info.is_text_generation_model
-        assert not info.supports_multimodal  # images are refused by vLLM's front end
+        # Images reach only the composite with its tower; the others' are refused by
+        # vLLM's front end.
+        vl = cls.__module__ == qwen3_5_vl.__name__
+        assert info.supports_multimodal == vl
+        assert info.supports_multimodal_encoder_tp_data == vl
         assert not info.supports_mamba_prefix_caching  # prefix caching in 'align' mode
         assert cls.supports_mrope
 
@@ -260,3 +269,47 @@ def test_both_platforms_support_the_hybrid_kv_cache() -> None:
     assert Platform.support_hybrid_kv_cache() is False  # vLLM's default
     assert KunlunPlatform.support_hybrid_kv_cache() is True
     assert KunlunHostEmulationPlatform.support_hybrid_kv_cache() is True
+
+
+@pytest.mark.parametrize(
+    "arch", ["Qwen3_5ForConditionalGeneration", "Qwen3_5MoeForConditionalGeneration"]
+)
+def test_the_composites_are_multimodal_with_torchvision_and_text_only_without(
+    arch: str,
+    registry: dict[str, Any],
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """vLLM 0.15.1's Qwen-VL processors import torchvision: without it the composites
+    are registered on their text path, and the log names the install command."""
+    import importlib.util
+
+    from vllm.logger import _print_warning_once
+
+    _print_warning_once.cache_clear()  # warning_once: a line this process logged before
+    seen = vllm_registry._ModelInfo.from_model_cls
+    with_tv = models.architectures()[arch]
+    assert with_tv == f"vllm_kunlun.models.qwen3_5_vl:{arch}"
+    module, _, name = with_tv.partition(":")
+    assert seen(getattr(importlib.import_module(module), name)).supports_multimodal
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util,
+        "find_spec",
+        lambda n, *a: None if n == "torchvision" else real(n, *a),
+    )
+    caplog.set_level(logging.WARNING, logger="vllm")  # its handler on "vllm" itself
+    without = models.architectures()
+    models.register_models()
+    text_only = models.TEXT_ONLY_COMPOSITES[arch]
+    assert without[arch] == text_only
+    entry = ModelRegistry.models[arch]
+    assert f"{entry.module_name}:{entry.class_name}" == text_only
+    module, _, name = text_only.partition(":")
+    assert not seen(getattr(importlib.import_module(module), name)).supports_multimodal
+    assert "pip install --no-deps torchvision==0.20.1" in caplog.text
+    # The text models do not depend on it.
+    assert {a: t for a, t in without.items() if "Conditional" not in a} == {
+        a: t for a, t in models.ARCHITECTURES.items() if "Conditional" not in a
+    }

@@ -1,0 +1,79 @@
+"""Runtime patch ``image_decode_check``: vLLM's own image loader, with the patch, turns
+bytes that do not decode into a ValueError naming the cause (a 400 from the servers),
+and hands decodable images on unchanged."""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+from vllm.multimodal.media.image import ImageMediaIO
+
+from vllm_kunlun.guards import media
+
+
+@pytest.fixture
+def patched() -> Iterator[None]:
+    was = media.installed()
+    media.install()
+    try:
+        yield
+    finally:
+        if not was:
+            media.uninstall()
+
+
+def _png(mode: str = "RGB") -> bytes:
+    pixels = np.arange(24 * 16 * 3, dtype=np.uint8).reshape(16, 24, 3)
+    buf = io.BytesIO()
+    Image.fromarray(pixels).convert(mode).save(buf, format="PNG")
+    return buf.getvalue()
+
+
+def test_without_the_patch_a_truncated_png_passes_the_loader() -> None:
+    """What the patch is for: vLLM's loader reads only the header of an RGB PNG."""
+    if media.installed():
+        pytest.skip("installed by another test in this process")
+    loaded = ImageMediaIO().load_bytes(_png()[:80])
+    with pytest.raises(OSError):
+        loaded.media.load()
+
+
+@pytest.mark.usefixtures("patched")
+@pytest.mark.parametrize(
+    ("data", "cause"),
+    [
+        (_png()[:80], "truncated"),
+        (_png()[:60] + b"\x00junk" * 10, "OSError"),
+        (b"plain text, not a picture", "cannot identify image file"),
+    ],
+    ids=["truncated", "corrupt", "not_an_image"],
+)
+def test_undecodable_bytes_are_a_value_error_naming_the_cause(
+    data: bytes, cause: str
+) -> None:
+    with pytest.raises(ValueError) as refused:
+        ImageMediaIO().load_bytes(data)
+    message = str(refused.value)
+    assert message.startswith("the image could not be decoded"), message
+    assert cause in message and "PNG, JPEG" in message
+
+
+@pytest.mark.usefixtures("patched")
+@pytest.mark.parametrize("mode", ["RGB", "RGBA", "L"])
+def test_good_images_load_as_before(mode: str, tmp_path: Path) -> None:
+    data = _png(mode)
+    got = ImageMediaIO().load_bytes(data)
+    assert got.media.mode == "RGB" and got.media.size == (24, 16)
+    assert got.original_bytes == data
+    path = tmp_path / "x.png"
+    path.write_bytes(data)
+    from_file = ImageMediaIO().load_file(path)
+    assert np.array_equal(np.asarray(from_file.media), np.asarray(got.media))
+    with pytest.raises(ValueError, match="could not be decoded"):
+        path.write_bytes(data[:70])
+        ImageMediaIO().load_file(path)
