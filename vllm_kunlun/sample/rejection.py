@@ -100,14 +100,34 @@ def rejection_greedy_sample(
     mismatch is replaced by the argmax and ends the row; all kept: the bonus token."""
     greedy = is_greedy.tolist() if is_greedy is not None else None
     drafts, argmax = draft_token_ids.tolist(), target_argmax.tolist()
+    _write_rows(
+        output_token_ids,
+        cu_num_draft_tokens,
+        bonus_token_ids,
+        lambda req: greedy is not None and not greedy[req],
+        lambda pos: (argmax[pos], drafts[pos] == argmax[pos]),
+    )
+
+
+def _write_rows(
+    output_token_ids: torch.Tensor,
+    cu_num_draft_tokens: torch.Tensor,
+    bonus_token_ids: torch.Tensor,
+    skip: Callable[[int], bool],
+    step: Callable[[int], tuple[int, bool]],
+) -> None:
+    """The row both rules write: per draft position ``step(pos)`` gives the token to
+    write and whether the draft was kept; the first rejection ends the row, a row kept
+    whole ends with the bonus token. Requests where ``skip(req)`` are the other rule's."""
     bonus = bonus_token_ids.reshape(-1).tolist()
     for req, (start, end) in enumerate(_draft_ranges(cu_num_draft_tokens)):
-        if greedy is not None and not greedy[req]:
+        if skip(req):
             continue
         row: list[int] = []
         for pos in range(start, end):
-            row.append(argmax[pos])
-            if drafts[pos] != argmax[pos]:
+            token, kept = step(pos)
+            row.append(token)
+            if not kept:
                 break
         else:
             row.append(bonus[req])
@@ -142,20 +162,19 @@ def rejection_random_sample(
         else draft_probs[rows, ids].tolist()
     )
     uniform, recovered = uniform_probs.tolist(), recovered_token_ids.tolist()
-    bonus = bonus_token_ids.reshape(-1).tolist()
-    for req, (start, end) in enumerate(_draft_ranges(cu_num_draft_tokens)):
-        if greedy[req]:
-            continue
-        row: list[int] = []
-        for pos in range(start, end):
-            if draft[pos] > 0 and target[pos] / draft[pos] >= uniform[pos]:
-                row.append(drafts[pos])
-            else:
-                row.append(recovered[pos])
-                break
-        else:
-            row.append(bonus[req])
-        output_token_ids[req, : len(row)] = torch.tensor(row, dtype=torch.int32)
+
+    def step(pos: int) -> tuple[int, bool]:
+        if draft[pos] > 0 and target[pos] / draft[pos] >= uniform[pos]:
+            return drafts[pos], True
+        return recovered[pos], False
+
+    _write_rows(
+        output_token_ids,
+        cu_num_draft_tokens,
+        bonus_token_ids,
+        lambda req: bool(greedy[req]),
+        step,
+    )
 
 
 def expand(
