@@ -60,8 +60,9 @@ JOBS = [
         ],
     }
 ]
-ENGINE_TIMEOUT = 420  # seconds, one engine on vLLM's Ray executor (104 s alone, over 240 s
-# in CI beside another engine: nine processes on two cores)
+# Seconds for one engine on vLLM's Ray executor: 104 s alone, over 240 s in CI beside
+# another engine (nine processes on two cores).
+ENGINE_TIMEOUT = 420
 
 
 @pytest.fixture(scope="module")
