@@ -23,15 +23,13 @@ import functools
 from types import ModuleType
 from typing import Any
 
-from vllm_kunlun.logger import init_logger
 from vllm_kunlun.patching.attribute import (
     AttributePatch,
-    PatchMismatch,
-    apply_group,
+    apply_group_or_warn,
     expect_params,
+    group_applied,
+    revert_group,
 )
-
-logger = init_logger(__name__)
 
 NAME = "image_decode_check"
 MODULE = "vllm.multimodal.media.image"
@@ -91,23 +89,16 @@ _PATCHES = tuple(
 def install() -> bool:
     """Both wrappers or neither; True when this call installed them. A vLLM whose
     image loader differs keeps its own behaviour, with a warning."""
-    try:
-        return apply_group(_PATCHES)
-    except PatchMismatch as exc:
-        logger.warning_once(
-            "vllm-kunlun: %s; an undecodable image is left to vLLM (a 500)", str(exc)
-        )
-        return False
+    return apply_group_or_warn(_PATCHES, "an undecodable image is left to vLLM (a 500)")
 
 
 RUNTIME_PATCHES = {NAME: lambda phase: install()}  # phases.apply_phase's hook
 
 
 def installed() -> bool:
-    return all(patch.applied() for patch in _PATCHES)
+    return group_applied(_PATCHES)
 
 
 def uninstall() -> None:
     """Put vLLM's original methods back."""
-    for patch in reversed(_PATCHES):
-        patch.revert()
+    revert_group(_PATCHES)

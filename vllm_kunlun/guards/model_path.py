@@ -30,15 +30,13 @@ from types import ModuleType
 from typing import Any
 
 from vllm_kunlun.checks.model_path import inspect_path, missing_path_message
-from vllm_kunlun.logger import init_logger
 from vllm_kunlun.patching.attribute import (
     AttributePatch,
-    PatchMismatch,
-    apply_group,
+    apply_group_or_warn,
     expect_params,
+    group_applied,
+    revert_group,
 )
-
-logger = init_logger(__name__)
 
 NAME = "engine_model_path_guard"
 # The upstream signatures the wrappers were written for (vllm 0.15.1).
@@ -124,28 +122,18 @@ def install() -> bool:
     (top of ``EngineArgs.__post_init__``) and the platform's ``pre_register_and_update``
     (``create_engine_config``, CLI parser), all inside arg_utils' own functions.
     """
-    try:
-        if not apply_group(_PATCHES):
-            return False
-    except PatchMismatch as exc:
-        logger.warning_once(
-            "vllm-kunlun: %s; a missing local model path will surface as vLLM's own "
-            "error",
-            str(exc),
-        )
-        return False
-    logger.debug("vllm-kunlun: runtime patch %s installed", NAME)
-    return True
+    return apply_group_or_warn(
+        _PATCHES, "a missing local model path will surface as vLLM's own error"
+    )
 
 
 RUNTIME_PATCHES = {NAME: lambda phase: install()}  # phases.apply_phase's hook
 
 
 def installed() -> bool:
-    return all(patch.applied() for patch in _PATCHES)
+    return group_applied(_PATCHES)
 
 
 def uninstall() -> None:
     """Put vLLM's original functions back."""
-    for patch in reversed(_PATCHES):
-        patch.revert()
+    revert_group(_PATCHES)

@@ -89,20 +89,8 @@ class AttributePatch:
         return True
 
     def apply_or_warn(self, without: str) -> bool:
-        """``apply`` for a guard vLLM can run without: a target that differs is one
-        warning naming what differs and what the process does ``without`` the patch,
-        never a failed start. True when this call installed it."""
-        from vllm_kunlun.logger import init_logger  # vLLM's logger: not for the CLI
-
-        logger = init_logger(__name__)
-        try:
-            done = self.apply()
-        except PatchMismatch as exc:
-            logger.warning_once("vllm-kunlun: %s; %s", str(exc), without)
-            return False
-        if done:
-            logger.debug("vllm-kunlun: runtime patch %s installed", self.name)
-        return done
+        """``apply`` for a guard vLLM can run without (``apply_group_or_warn``)."""
+        return apply_group_or_warn((self,), without)
 
     def revert(self) -> None:
         if not self.applied():
@@ -143,7 +131,7 @@ def apply_group(patches: tuple[AttributePatch, ...]) -> bool:
     Every target is checked before any is replaced, and a failure part-way reverts
     what this call installed, so no half-patched state is ever left.
     """
-    if all(p.applied() for p in patches):
+    if group_applied(patches):
         return False
     for p in patches:
         problem = None if p.applied() else p.mismatch()
@@ -161,6 +149,33 @@ def apply_group(patches: tuple[AttributePatch, ...]) -> bool:
             p.revert()
         raise
     return True
+
+
+def apply_group_or_warn(patches: tuple[AttributePatch, ...], without: str) -> bool:
+    """``apply_group`` for a guard vLLM can run without: a target that differs is one
+    warning naming what differs and what the process does ``without`` the guard, never
+    a failed start. True when this call installed the group."""
+    from vllm_kunlun.logger import init_logger  # vLLM's logger: not for the CLI
+
+    logger = init_logger(__name__)
+    try:
+        done = apply_group(patches)
+    except PatchMismatch as exc:
+        logger.warning_once("vllm-kunlun: %s; %s", str(exc), without)
+        return False
+    if done:
+        logger.debug("vllm-kunlun: runtime patch %s installed", patches[0].name)
+    return done
+
+
+def group_applied(patches: tuple[AttributePatch, ...]) -> bool:
+    return all(p.applied() for p in patches)
+
+
+def revert_group(patches: tuple[AttributePatch, ...]) -> None:
+    """Put every original back, last patch first."""
+    for p in reversed(patches):
+        p.revert()
 
 
 class PatchMismatch(RuntimeError):
