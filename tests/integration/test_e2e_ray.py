@@ -6,9 +6,11 @@
 - one Ray cluster of two nodes on this host for the rest of the module
   (``ray.cluster_utils.Cluster``, two emulated cards each, distinct node addresses as
   vLLM requires):
-  - the doctor's ``ray`` check finds it fit for TP 2 x PP 2, and not for TP 4 x PP 2;
+  - the doctor's ``ray`` check finds it fit for TP 2 x PP 2, and its nodes' answers
+    unfit for TP 4 x PP 2;
   - TP 2 x PP 2 across it, one stage (two TP workers) per node, for the tiny Qwen3
-    and the tiny Qwen3.5 hybrid (GDN state per stage);
+    and a 6-layer Qwen3.5 hybrid with tied embeddings split 2 / 4 (GDN state per
+    stage);
   - asked for eight cards, the engine fails within VLLM_KUNLUN_RAY_PG_TIMEOUT naming
     the ask, the cluster and the fix (platforms/ray_patches.py), where vLLM alone
     waits 1800 s;
@@ -35,9 +37,8 @@ from tests.conftest import REPO, child_env, run_python
 from tests.integration.test_e2e_emulation import EMULATION, req
 from tests.integration.test_e2e_hybrid import GREEDY_JOBS as HYBRID_JOBS
 from tests.integration.test_e2e_hybrid import LLM_ARGS as HYBRID_ARGS
-from tests.integration.test_e2e_pp import _stage_layers
+from tests.integration.test_e2e_pp import SIX, _stage_layers, _tie
 from vllm_kunlun.demo.tiny_model import write_tiny_model
-from vllm_kunlun.demo.tiny_qwen3_5 import TinyQwen3_5Spec
 
 pytestmark = pytest.mark.slow
 
@@ -99,6 +100,7 @@ def run_engine(
     )
     result = json.loads(out_path.read_text()) if out_path.exists() else {}
     log = proc.stdout + proc.stderr
+    (work / f"{name}.log").write_text(log)  # beside the spec, for a slow or odd run
     if proc.returncode != 0 or result.get("error"):
         pytest.fail(
             f"{name}: exit {proc.returncode}\n{result.get('error')}\n{log[-6000:]}"
@@ -161,7 +163,14 @@ def cluster() -> Iterator[Any]:
 
     cluster = Cluster(
         initialize_head=True,
-        head_node_args={"num_cpus": 1, "num_gpus": 2, "env_vars": NODE_ENV},
+        # No dashboard (and so no dashboard agent on either node): three fewer
+        # processes polling beside the engines on two cores; nothing here reads it.
+        head_node_args={
+            "num_cpus": 1,
+            "num_gpus": 2,
+            "env_vars": NODE_ENV,
+            "include_dashboard": False,
+        },
     )
     head_ip = cluster.head_node.node_ip_address
     other_ip = "127.0.0.2" if head_ip == "127.0.0.1" else "127.0.0.1"
@@ -213,20 +222,36 @@ def doctor_ray(cluster: Any, tp: int, pp: int) -> dict[str, Any]:
     return next(f for f in findings if f["check"] == "ray")
 
 
-def test_doctor_finds_the_cluster_fit_for_tp2_pp2(cluster: Any) -> None:
+@pytest.fixture(scope="module")
+def fit(cluster: Any) -> dict[str, Any]:
+    return doctor_ray(cluster, 2, 2)
+
+
+def test_doctor_finds_the_cluster_fit_for_tp2_pp2(
+    cluster: Any, fit: dict[str, Any]
+) -> None:
     head_ip, other_ip = cluster.ips
-    ray = doctor_ray(cluster, 2, 2)
-    assert ray["status"] == "ok", ray
-    assert f"{head_ip}: 2 GPU, 1 CPU" in ray["cause"]
-    assert f"{other_ip}: 2 GPU, 1 CPU" in ray["cause"]
-    assert "tensor x pipeline parallel = 4" in ray["cause"]
-    host_ips = {n["ip"]: n["report"]["env"] for n in ray["details"]["nodes"]}
+    assert fit["status"] == "ok", fit
+    assert f"{head_ip}: 2 GPU, 1 CPU" in fit["cause"]
+    assert f"{other_ip}: 2 GPU, 1 CPU" in fit["cause"]
+    assert "tensor x pipeline parallel = 4" in fit["cause"]
+    host_ips = {n["ip"]: n["report"]["env"] for n in fit["details"]["nodes"]}
     assert host_ips[head_ip]["VLLM_HOST_IP"] is None  # each node's own environment
     assert host_ips[other_ip]["VLLM_HOST_IP"] == other_ip
 
 
-def test_doctor_fails_a_cluster_lacking_cards(cluster: Any) -> None:
-    ray = doctor_ray(cluster, 4, 2)
+def test_doctor_fails_the_same_cluster_for_tp4_pp2(
+    cluster: Any, fit: dict[str, Any]
+) -> None:
+    """What the nodes answered the doctor above, judged for eight cards by the
+    doctor's own ``assess`` (a second probe of the same cluster would cost an
+    interpreter and a Ray driver, and answer the same)."""
+    from vllm_kunlun.doctor.ray_cluster import assess
+    from vllm_kunlun.doctor.ray_probe import DISTRIBUTIONS
+    from vllm_kunlun.versions import installed_version
+
+    local = {name: installed_version(name) for name in DISTRIBUTIONS}
+    ray = assess(fit["details"], 8, local, cluster.ips[0]).to_json()
     assert ray["status"] == "fail"
     assert "tensor x pipeline parallel = 8 cards asked" in ray["cause"]
     assert "ray start --head --port 6379 --num-gpus 8" in ray["fix"]
@@ -253,22 +278,25 @@ def test_two_nodes_tp2_pp2_qwen3_generates_what_transformers_does(
 def test_two_nodes_tp2_pp2_hybrid_generates_what_transformers_does(
     work: Path, cluster: Any
 ) -> None:
-    """The tiny Qwen3.5 composite (GDN, GDN | GDN, attention): chunked prefills beside
-    decodes and a 1-token prompt, each stage's GDN state on its own node."""
-    model = write_tiny_model(work / "hybrid", TinyQwen3_5Spec(layout="composite"))
+    """A Qwen3.5 hybrid of another shape than the tiny composite (6 layers, attention
+    every second, ``lm_head`` tied to the embedding) split unevenly
+    (``VLLM_PP_LAYER_PARTITION=2,4``, which vLLM hands its Ray workers): chunked
+    prefills beside decodes and a 1-token prompt, each stage's GDN state on its own
+    node, and the last stage holding the embedding only for its ``lm_head``. The tiny
+    composite runs PP 2 on the mp executor (test_e2e_pp.py)."""
+    model = _tie(write_tiny_model(work / "six", SIX))
     llm = {**HYBRID_ARGS, **TP2_PP2, "distributed_executor_backend": "ray"}
+    env = {**engine_env(cluster), "VLLM_PP_LAYER_PARTITION": "2,4"}
     result, log = run_engine(
-        work, "hybrid", str(model), llm, engine_env(cluster), jobs=HYBRID_JOBS[1:3]
+        work, "hybrid", str(model), llm, env, jobs=HYBRID_JOBS[1:3]
     )
     assert_greedy_is_transformers(result)
     _assert_one_stage_per_node(log, cluster)
-    # Ranks 0, 1: the first stage (GDN, GDN); ranks 2, 3: the second (GDN, attention).
+    # Ranks 0, 1: the first stage (GDN, attention); ranks 2, 3: the second (GDN,
+    # attention, GDN, attention).
     first, second = (
-        {"MambaSpec": 2, "FullAttentionSpec": 0},
-        {
-            "MambaSpec": 1,
-            "FullAttentionSpec": 1,
-        },
+        {"MambaSpec": 1, "FullAttentionSpec": 1},
+        {"MambaSpec": 2, "FullAttentionSpec": 2},
     )
     assert _stage_layers(result) == [first, first, second, second]
 
