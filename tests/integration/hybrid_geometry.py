@@ -121,6 +121,9 @@ def run_geometry(
         "model": str(model),
         "llm": llm_args(geometry, tp),
         "jobs": page_jobs,
+        # The engine core in the runner's interpreter: one process importing vLLM
+        # less; the workers at TP > 1 are still processes of their own.
+        "engine_in_process": True,
         **(extra or {}),
     }
     if reference:

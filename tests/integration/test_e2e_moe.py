@@ -121,6 +121,7 @@ def _wide_run(wide: str, work: Path, name: str, extra: dict[str, Any]) -> dict:
         "backend": "vllm",
         "model": wide,
         "llm": {**LLM_ARGS, "tensor_parallel_size": 2, **extra},
+        "engine_in_process": True,  # one process importing vLLM less; workers apart
         "jobs": TP_JOBS,
         "hf_jobs": TP_JOBS,
         "hf_cache": True,

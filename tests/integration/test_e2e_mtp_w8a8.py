@@ -100,6 +100,9 @@ def test_the_int8_head_drafts_are_accepted(run: dict[str, Any]) -> None:
 FLOAT_LOAD = """
 import os
 os.environ["VLLM_KUNLUN_HOST_EMULATION"] = "1"
+# The engine core in this interpreter: the load error is raised here, and one
+# interpreter importing vLLM is enough for a start that must fail.
+os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
 from vllm import LLM
 try:
     LLM(model=MODEL, max_model_len=256, dtype="float32",

@@ -4,11 +4,11 @@ compressed-tensors W8A8-INT8 (dynamic), the vision tower, the MTP head and lm_he
 left in float, as ``vllm-kunlun tiny-model --arch qwen3_5 --layout composite --quant
 w8a8`` writes it.
 
-Two engines (multiprocessing: the int8 kernel must be found in the spawned engine core
-too): the tiny composite at TP 1, and the narrow heads of the geometry matrix
+Two engines (the int8 kernel must be found in spawned processes too): the tiny
+composite at TP 1 with its engine core in a process of its own, and the narrow heads of the geometry matrix
 (hybrid_geometry.py: 1 KV head, GDN 2 key heads of 24 and 6 value heads of 16) at TP 2,
-whose int8 projections and scales are sharded across two ranks and whose page is 32
-tokens (48 at TP 1). Reference (``w8a8_reference.post_float64``): transformers' own Qwen3.5 text model
+whose int8 projections and scales are sharded across two worker processes and whose
+page is 32 tokens (48 at TP 1). Reference (``w8a8_reference.post_float64``): transformers' own Qwen3.5 text model
 in float64 on the checkpoint's int8 weights x scales, with vLLM's per-token activation
 quantization (``absmax / 127``) in front of every quantized linear; greedy and
 teacher-forced logprobs over the same prompts (chunked prefill, prefix-cache hits, a
@@ -103,7 +103,10 @@ def run(model_dir: str, config: str) -> dict[str, Any]:
         "backend": "vllm",
         "model": model_dir,
         "llm": CONFIGS[config][1],
-        "guard_exponential": False,  # multiprocessing engine
+        # The tiny composite's engine core is a process of its own (the int8 kernel
+        # must be found in a spawned engine core too); at TP 2 the core stays in the
+        # runner (one process importing vLLM less) and the kernel runs in the workers.
+        "engine_in_process": config == "narrow_tp2",
         "jobs": [WARM, JOB, BURST, *([DEMO] if config == "tiny_tp1" else [])],
         "post": "w8a8_reference:post_float64",
     }
