@@ -200,7 +200,7 @@ class Qwen3_5VisionLanguage:
         default multimodal embedding), ``model.embed_tokens`` and ``lm_head`` (the MTP
         proposer shares them with its draft). No child module plays that part here: the
         tower is mixed into the text model class."""
-        return _TextModelView(self.model, getattr(self, "lm_head", None))  # type: ignore[attr-defined]
+        return _TextModelView(self.model, self.lm_head)  # type: ignore[attr-defined]
 
     # ---- multimodal inputs: vLLM's Qwen3-VL parsing and tower calls ----------------
     _parse_and_validate_image_input = _VL._parse_and_validate_image_input
