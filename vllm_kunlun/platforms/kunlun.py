@@ -84,6 +84,12 @@ class KunlunPlatformBase(Platform):
         AttentionBackendEnum.CUSTOM,
     )
     _attn_refused: dict[AttentionBackendEnum, str] = _NVIDIA_ONLY_ATTN_BACKENDS
+    # vLLM's small torch.compile'd helpers (the masked vocab lookup at TP > 1, MoE
+    # routing, logprob ranks) run through Dynamo without Inductor: on Kunlun because
+    # Inductor's Triton code generation is not validated on torch 2.5.1; in host
+    # emulation so that it takes the same path, and no worker compiles C++ with the
+    # host's toolchain at its first step (vLLM's default, "inductor").
+    simple_compile_backend: str = "eager"
 
     @property
     def supported_dtypes(self) -> list[torch.dtype]:
@@ -356,8 +362,6 @@ class KunlunPlatform(KunlunPlatformBase):
     # CUDA_VISIBLE_DEVICES (platforms/worker.py).
     ray_device_key: str = "GPU"
     dist_backend: str = "nccl"
-    # torch.compile without Inductor: Dynamo graphs run as traced (vllm_kunlun.platforms.graphs).
-    simple_compile_backend: str = "eager"
     device_control_env_var: str = "XPU_VISIBLE_DEVICES"
     additional_env_vars: list[str] = ["XPU_VISIBLE_DEVICES", *envs.registry()]
 

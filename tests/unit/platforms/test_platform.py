@@ -253,3 +253,46 @@ def test_emulation_groups_are_gloo_only() -> None:
         KunlunHostEmulationPlatform.stateless_init_device_torch_dist_pg(
             "nccl", PrefixStore("y", HashStore()), 0, 1, timedelta(seconds=5)
         )
+
+
+_MASKED_LOOKUP = """
+import json
+import torch
+from torch._dynamo.utils import counters
+from vllm.model_executor.layers.vocab_parallel_embedding import (
+    get_masked_input_and_mask,
+)
+from vllm.platforms import current_platform
+
+# TP rank 1 of 2 over a 100-token vocabulary: it holds ids 50..99.
+ids = torch.tensor([0, 49, 50, 77, 99, 100, 130])
+masked, outside = get_masked_input_and_mask(ids, 50, 100, 0, 100, 100)
+print("RESULT " + json.dumps({
+    "platform": type(current_platform).__name__,
+    "masked": masked.tolist(),
+    "outside": outside.tolist(),
+    "inductor": dict(counters["inductor"]),
+}), flush=True)
+"""
+
+
+@pytest.mark.slow
+def test_emulated_tp_vocab_lookup_compiles_without_inductor() -> None:
+    """Every TP > 1 worker runs vLLM's torch.compile'd masked vocab lookup at its first
+    step. Under host emulation it must go through Dynamo alone, as on Kunlun: with
+    vLLM's default (Inductor) each worker would generate and compile C++ with the
+    host's toolchain (minutes of CPU on a 2-core runner) and test a path no Kunlun card
+    takes."""
+    import json
+
+    from tests.conftest import run_python
+
+    proc = run_python(_MASKED_LOOKUP, env={"VLLM_KUNLUN_HOST_EMULATION": "1"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    line = next(x for x in proc.stdout.splitlines() if x.startswith("RESULT "))
+    got = json.loads(line[len("RESULT ") :])
+    assert got["platform"] == "KunlunHostEmulationPlatform"
+    # Shard-local ids for 50..99, 0 elsewhere; the mask marks what another rank holds.
+    assert got["masked"] == [0, 0, 0, 27, 49, 0, 0]
+    assert got["outside"] == [True, True, False, False, False, True, True]
+    assert got["inductor"] == {}, got["inductor"]
