@@ -7,8 +7,11 @@ imports them.
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import importlib.util
 import os
+import signal
 import subprocess
 import sys
 import textwrap
@@ -20,6 +23,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 FAKES = REPO / "tests" / "fakes"
+CHILD_SITE = REPO / "tests" / "childsite"  # sitecustomize.py: a quick exit, see there
 
 # Variables that would change plugin or vLLM behaviour in a child process.
 _SCRUB = (
@@ -35,13 +39,45 @@ def child_env(
     extra: dict[str, str] | None = None, fakes: bool = True
 ) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(_SCRUB)}
-    if fakes:
-        env["PYTHONPATH"] = os.pathsep.join(
-            [str(FAKES), *filter(None, [env.get("PYTHONPATH")])]
-        )
+    first = [str(CHILD_SITE), *([str(FAKES)] if fakes else [])]
+    env["PYTHONPATH"] = os.pathsep.join(
+        [*first, *filter(None, [env.get("PYTHONPATH")])]
+    )
     env.setdefault("VLLM_LOGGING_LEVEL", "DEBUG")
     env.update(extra or {})
     return env
+
+
+def run_bounded(
+    args: list[str], env: dict[str, str], timeout: float, cwd: str | Path = REPO
+) -> subprocess.CompletedProcess[str]:
+    """``subprocess.run(..., capture_output=True, text=True, timeout=...)`` for a child
+    that starts processes of its own (an engine core, its workers, a Ray driver).
+
+    Why: on a timeout ``subprocess.run`` kills the child alone. Its engine core lives
+    on, holding its Ray placement group (the next engine on the cluster then finds no
+    card) and its cores. Here the child leads a new process group and a timeout kills
+    the whole group; ``TimeoutExpired`` carries what the child printed."""
+    with subprocess.Popen(
+        args,
+        env=env,
+        cwd=cwd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    ) as proc:
+        try:
+            out, err = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            try:
+                out, err = proc.communicate(timeout=30)
+            except subprocess.TimeoutExpired:
+                out, err = "", ""  # a process outside the group holds a pipe
+            raise subprocess.TimeoutExpired(args, timeout, out, err) from None
+    return subprocess.CompletedProcess(args, proc.returncode, out, err)
 
 
 def run_python(
@@ -52,11 +88,9 @@ def run_python(
     cwd: str | Path | None = None,
 ) -> subprocess.CompletedProcess[str]:
     """Run ``code`` in a fresh interpreter of this venv (real vLLM, real plugin)."""
-    return subprocess.run(
+    return run_bounded(
         [sys.executable, "-c", textwrap.dedent(code)],
         env=child_env(env, fakes=fakes),
-        capture_output=True,
-        text=True,
         timeout=timeout,
         cwd=cwd or REPO,
     )
@@ -81,6 +115,12 @@ def pytest_configure(config: pytest.Config) -> None:
     from vllm_kunlun.patching import schema
 
     schema.apply()
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    """This process exits quickly too (tests/childsite/sitecustomize.py says why): an
+    xdist worker that ran engines in process holds vLLM's and transformers' heaps."""
+    gc.freeze()
 
 
 # The longest test modules, longest first (seconds of test time each in a fresh-clone

@@ -164,6 +164,9 @@ def run_vllm(spec: dict[str, Any]) -> dict[str, Any]:
         result["serving"] = llm.collective_rpc(SERVING_INFO_METHOD)
         if probe is not None:
             result["ranks"] = llm.collective_rpc("rank_probe_result")
+        # The engine is done: stop its processes (workers; Ray actors that poll their
+        # channels while idle) before the references below run here on the same cores.
+        llm.llm_engine.engine_core.shutdown()
         if spec.get("post"):
             # "module:function" next to this file, called as function(spec, result)
             # after the engine jobs (e.g. a reference model in the same interpreter).

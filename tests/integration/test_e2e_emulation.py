@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import REPO, child_env, run_python
+from tests.conftest import REPO, child_env, run_bounded, run_python
 from vllm_kunlun.demo.run import DEFAULT_PROMPTS
 from vllm_kunlun.demo.tiny_model import vocabulary, write_tiny_model
 from vllm_kunlun.ops.sampling import native_cpu as sampling_native
@@ -105,13 +105,10 @@ def run_spec(
     ``env`` says otherwise); fail with its error and log tails."""
     spec_path, out_path = tmp / f"{name}.spec.json", tmp / f"{name}.out.json"
     spec_path.write_text(json.dumps(spec))
-    proc = subprocess.run(
+    proc = run_bounded(
         [sys.executable, str(RUNNER), str(spec_path), str(out_path)],
         env=child_env(EMULATION if env is None else env),
-        capture_output=True,
-        text=True,
         timeout=timeout,
-        cwd=REPO,
     )
     result = json.loads(out_path.read_text()) if out_path.exists() else {}
     if proc.returncode != 0 or result.get("error"):
@@ -151,7 +148,7 @@ def run_demo_cli(
     else; otherwise text mode, whose stdout must be the report without vLLM's log.
     ``model``: ``--model`` (None: the demo's default)."""
     out = work / "demo.json"
-    proc = subprocess.run(
+    proc = run_bounded(
         [
             sys.executable,
             "-m",
@@ -165,8 +162,6 @@ def run_demo_cli(
             *(["--model", model] if model else []),
         ],
         env=child_env({"XDG_CACHE_HOME": str(work / "xdg"), **env}, fakes=fakes),
-        capture_output=True,
-        text=True,
         timeout=600,
         cwd=REPO,
     )

@@ -33,7 +33,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import REPO, child_env, run_python
+from tests.conftest import CHILD_SITE, REPO, child_env, run_bounded, run_python
 from tests.integration.test_e2e_emulation import EMULATION, req
 from tests.integration.test_e2e_hybrid import GREEDY_JOBS as HYBRID_JOBS
 from tests.integration.test_e2e_hybrid import LLM_ARGS as HYBRID_ARGS
@@ -86,17 +86,16 @@ def run_engine(
 ) -> tuple[dict, str]:
     """The runner on greedy jobs with their transformers reference; its result and
     its log (vLLM's, the Ray workers' included)."""
+    # The reference decodes with transformers' own cache (for the hybrid: its GDN
+    # state), not by recomputing the whole sequence per token.
     spec = {"backend": "vllm", "model": model, "llm": llm, "jobs": jobs}
-    spec["hf_jobs"] = jobs
+    spec.update(hf_jobs=jobs, hf_cache=True)
     spec_path, out_path = work / f"{name}.spec.json", work / f"{name}.out.json"
     spec_path.write_text(json.dumps(spec))
-    proc = subprocess.run(
+    proc = run_bounded(
         [sys.executable, str(RUNNER), str(spec_path), str(out_path)],
         env=child_env({**EMULATION, "VLLM_LOGGING_LEVEL": "DEBUG", **env}),
-        capture_output=True,
-        text=True,
         timeout=ENGINE_TIMEOUT,
-        cwd=REPO,
     )
     result = json.loads(out_path.read_text()) if out_path.exists() else {}
     log = proc.stdout + proc.stderr
@@ -188,7 +187,9 @@ def cluster() -> Iterator[Any]:
         cluster.shutdown()
 
 
-NODE_ENV = {"VLLM_KUNLUN_HOST_EMULATION": "1"}
+# The Ray workers' environment (the raylet's): emulation, and the quick exit of every
+# test child (tests/childsite) for the workers a finished engine leaves behind.
+NODE_ENV = {"VLLM_KUNLUN_HOST_EMULATION": "1", "PYTHONPATH": str(CHILD_SITE)}
 TP2_PP2 = {"tensor_parallel_size": 2, "pipeline_parallel_size": 2}
 
 
