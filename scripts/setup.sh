@@ -63,6 +63,21 @@ else
   echo "$want" > "$stamp"
 fi
 
+# Bytecode for every installed module, once per set of locks: uv does not write it,
+# and where PYTHONDONTWRITEBYTECODE is set (CI images set it) no process caches what
+# it compiles, so every interpreter (each engine, worker and test child) would compile
+# torch, vLLM and transformers from source again.
+bc_stamp="$VENV/.vllm-kunlun-bytecode"
+bc_want="$(cat requirements/stack.lock requirements/dev.lock requirements/vllm.txt | sha256sum | cut -c1-16) dev=$dev"
+if [ ! -f "$bc_stamp" ] || [ "$(cat "$bc_stamp")" != "$bc_want" ]; then
+  echo "==> bytecode for site-packages (compileall)"
+  site=$("$py" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+  # Not fatal: a module without bytecode is compiled at import, only slower.
+  "$py" -m compileall -q -j 0 "$site" >/dev/null ||
+    echo "setup.sh: compileall could not compile some files in $site (imports still work)" >&2
+  echo "$bc_want" > "$bc_stamp"
+fi
+
 echo "==> stack check"
 "$VENV/bin/vllm-kunlun" versions --strict
 echo "==> setup done in $(( $(date +%s) - start ))s; venv size $(du -sh "$VENV" | cut -f1)"
