@@ -124,18 +124,20 @@ def pytest_unconfigure(config: pytest.Config) -> None:
 
 
 # The longest test modules, longest first (seconds of test time each in a fresh-clone
-# run of 07f9eff on the 2-core VM, two xdist workers: ray 871, moe 337, w8a8_hybrid 273,
-# emulation 201, geometry 164, mtp 162, geometry_vendor 143). Each worker takes one
-# file at a time in this order (scripts/test.sh passes --no-loadscope-reorder): a long
-# module started last would leave the other worker idle at the end.
+# run of e62835d on the 2-core VM, two xdist workers: w8a8_hybrid 549, ray 490, moe 326,
+# emulation 325, geometry 200, geometry_vendor 193, mtp_w8a8 139, mtp 110). Each worker
+# takes one file at a time in this order (scripts/test.sh passes
+# --no-loadscope-reorder): a long module started last would leave the other worker idle
+# at the end.
 LONGEST_FIRST = (
+    "test_e2e_w8a8_hybrid.py",
     "test_e2e_ray.py",
     "test_e2e_moe.py",
-    "test_e2e_w8a8_hybrid.py",
     "test_e2e_emulation.py",
     "test_e2e_hybrid_geometry.py",
-    "test_e2e_mtp.py",
     "test_e2e_hybrid_geometry_vendor.py",
+    "test_e2e_mtp_w8a8.py",
+    "test_e2e_mtp.py",
 )
 
 
