@@ -72,9 +72,10 @@ bc_want="$(cat requirements/stack.lock requirements/dev.lock requirements/vllm.t
 if [ ! -f "$bc_stamp" ] || [ "$(cat "$bc_stamp")" != "$bc_want" ]; then
   echo "==> bytecode for site-packages (compileall)"
   site=$("$py" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
-  # Not fatal: a module without bytecode is compiled at import, only slower.
-  "$py" -m compileall -q -j 0 "$site" >/dev/null ||
-    echo "setup.sh: compileall could not compile some files in $site (imports still work)" >&2
+  # Not fatal: a module without bytecode is compiled at import, only slower. With -q
+  # compileall prints only the files it could not compile.
+  "$py" -m compileall -q -j 0 "$site" ||
+    echo "setup.sh: compileall could not compile the files above (imports still work)" >&2
   echo "$bc_want" > "$bc_stamp"
 fi
 

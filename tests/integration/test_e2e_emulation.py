@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import REPO, child_env, run_bounded, run_python
+from tests.conftest import child_env, run_bounded, run_python
 from vllm_kunlun.demo.run import DEFAULT_PROMPTS
 from vllm_kunlun.demo.tiny_model import vocabulary, write_tiny_model
 from vllm_kunlun.ops.sampling import native_cpu as sampling_native
@@ -163,7 +163,6 @@ def run_demo_cli(
         ],
         env=child_env({"XDG_CACHE_HOME": str(work / "xdg"), **env}, fakes=fakes),
         timeout=600,
-        cwd=REPO,
     )
     assert proc.returncode == 0, proc.stderr[-4000:] + proc.stdout[-3000:]
     report = json.loads(out.read_text())

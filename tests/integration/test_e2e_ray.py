@@ -33,7 +33,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import CHILD_SITE, REPO, child_env, run_bounded, run_python
+from tests.conftest import REPO, child_env, run_bounded, run_python
 from tests.integration.test_e2e_emulation import EMULATION, req
 from tests.integration.test_e2e_hybrid import GREEDY_JOBS as HYBRID_JOBS
 from tests.integration.test_e2e_hybrid import LLM_ARGS as HYBRID_ARGS
@@ -188,9 +188,7 @@ def cluster() -> Iterator[Any]:
         cluster.shutdown()
 
 
-# The Ray workers' environment (the raylet's): emulation, and the quick exit of every
-# test child (tests/childsite) for the workers a finished engine leaves behind.
-NODE_ENV = {"VLLM_KUNLUN_HOST_EMULATION": "1", "PYTHONPATH": str(CHILD_SITE)}
+NODE_ENV = {"VLLM_KUNLUN_HOST_EMULATION": "1"}
 TP2_PP2 = {"tensor_parallel_size": 2, "pipeline_parallel_size": 2}
 
 
