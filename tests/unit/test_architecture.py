@@ -119,6 +119,7 @@ def test_the_import_graph_has_no_loop() -> None:
 
 HOUSE_TESTS = {
     "test_architecture.py",
+    "test_child_processes.py",  # the test helpers' own contract (tests/conftest.py)
     "test_entry_points.py",
     "test_readme.py",
     "test_register.py",
