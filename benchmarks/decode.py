@@ -59,7 +59,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 VOCAB = 151_936
 NATIVE_FORWARD = "vllm.v1.sample.ops.topk_topp_sampler.TopKTopPSampler.forward_native"
-OURS_FORWARD = "vllm_kunlun.sample.topk_topp.KunlunTopKTopPSampler.forward"
+OURS_FORWARD = "vllm_kunlun.ops.sampling.topk_topp.KunlunTopKTopPSampler.forward"
 
 
 @dataclass(frozen=True)

@@ -167,7 +167,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     import vllm
     from vllm.v1.sample.ops.topk_topp_sampler import TopKTopPSampler
 
-    from vllm_kunlun.sample.topk_topp import KunlunTopKTopPSampler
+    from vllm_kunlun.ops.sampling.topk_topp import KunlunTopKTopPSampler
 
     if args.threads > 0:
         torch.set_num_threads(args.threads)

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.integration.test_e2e_emulation import (
+from tests.integration.engine_specs import (
     GREEDY_JOBS,
     LLM_ARGS,
     run_spec,

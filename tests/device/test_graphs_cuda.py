@@ -23,7 +23,7 @@ import pytest
 
 from tests.device.test_e2e_kunlun_cuda import KUNLUN_ON_CUDA
 from tests.device.test_e2e_kunlun_cuda import pytestmark as pytestmark  # same needs
-from tests.integration.test_e2e_emulation import (
+from tests.integration.engine_specs import (
     _WORDS,
     GREEDY_JOBS,
     LLM_ARGS,

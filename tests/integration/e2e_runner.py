@@ -58,7 +58,7 @@ class RankProbe(ServingInfo):
     def rank_probe_start(self, seed_base: int) -> None:
         import torch
 
-        from vllm_kunlun.sample import topk_topp
+        from vllm_kunlun.ops.sampling import topk_topp
 
         rank = int(self.rank)  # type: ignore[attr-defined]
         torch.manual_seed(seed_base + 1000 * rank)

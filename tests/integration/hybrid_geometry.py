@@ -17,7 +17,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from tests.integration.test_e2e_emulation import LLM_ARGS, req, run_spec
+from tests.integration.engine_specs import LLM_ARGS, req, run_spec
 from vllm_kunlun.demo.tiny_model import vocabulary, write_tiny_model
 from vllm_kunlun.demo.tiny_qwen3_5 import TinyQwen3_5Spec
 

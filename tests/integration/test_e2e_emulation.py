@@ -7,170 +7,34 @@ greedy decoding of the same checkpoint.
 
 from __future__ import annotations
 
-import json
-import re
-import subprocess
-import sys
 from pathlib import Path
-from typing import Any
 
 import pytest
 
-from tests.conftest import child_env, run_bounded, run_python
+from tests.conftest import run_python
+from tests.integration.engine_specs import (
+    BLOCK_SIZE,
+    DEMO_TOKENS,
+    EMULATION,
+    GREEDY_JOBS,
+    GREEDY_PROMPTS,
+    GREEDY_TOKENS,
+    LLM_ARGS,
+    LONG_PROMPT,
+    PREFIX,
+    SEEDED_A,
+    SEEDED_B,
+    TOKEN_BUDGET,
+    engine_spec,
+    req,
+    run_demo_cli,
+    run_spec,
+)
 from vllm_kunlun.demo.run import DEFAULT_PROMPTS
-from vllm_kunlun.demo.tiny_model import vocabulary, write_tiny_model
+from vllm_kunlun.demo.tiny_model import write_tiny_model
 from vllm_kunlun.ops.sampling import native_cpu as sampling_native
 
 pytestmark = pytest.mark.slow
-
-RUNNER = Path(__file__).with_name("e2e_runner.py")
-EMULATION = {"VLLM_KUNLUN_HOST_EMULATION": "1", "VLLM_LOGGING_LEVEL": "INFO"}
-
-BLOCK_SIZE = 16
-TOKEN_BUDGET = 32  # max_num_batched_tokens: longer prompts are prefilled in chunks
-LLM_ARGS = {
-    "dtype": "float32",
-    "max_model_len": 512,
-    "max_num_batched_tokens": TOKEN_BUDGET,
-    "max_num_seqs": 8,
-    "block_size": BLOCK_SIZE,
-    "enable_prefix_caching": True,
-    "enable_chunked_prefill": True,
-    "seed": 0,
-}
-
-_WORDS = [w for w in vocabulary() if w.isalpha()]
-LONG_PROMPT = " ".join(_WORDS[(7 * i) % len(_WORDS)] for i in range(100))
-PREFIX = " ".join(_WORDS[(5 * i + 3) % len(_WORDS)] for i in range(40))
-GREEDY_TOKENS = 16
-GREEDY_PROMPTS = [
-    "the quick brown fox jumps over the lazy dog",
-    "one two three",
-    LONG_PROMPT,
-    PREFIX + " red green blue",
-    PREFIX + " one two three four",
-    "kunlun",
-]
-DEMO_TOKENS = 12
-
-
-def req(prompt: str, max_tokens: int, **sampling: Any) -> dict[str, Any]:
-    """A request; greedy unless ``sampling`` says otherwise."""
-    sampling = {"temperature": 0.0, **sampling}
-    return {"prompt": prompt, "max_tokens": max_tokens, "sampling": sampling}
-
-
-GREEDY_JOBS = [
-    # Puts PREFIX's blocks into the prefix cache before the batch that reuses them.
-    {"name": "warm_prefix", "requests": [req(PREFIX + " quick brown fox", 4)]},
-    {"name": "greedy", "requests": [req(p, GREEDY_TOKENS) for p in GREEDY_PROMPTS]},
-]
-SEEDED_LONG = req(LONG_PROMPT, 12, temperature=0.7, top_k=3, top_p=0.8, seed=44)
-SEEDED_A = {
-    "name": "seeded_a",
-    "requests": [
-        # First in line: prefilled in chunks of 32, 32, 32, 4 (3 discarded samples).
-        SEEDED_LONG,
-        req("the quick brown fox", 12, temperature=1.0, seed=11),
-        req("one two three", 12, temperature=0.8, top_k=5, seed=22),
-        req("each layer has its own key value cache", 12, temperature=1.0),  # no seed
-        req("a long river", 12, temperature=1.0, top_p=0.9, seed=33),
-        req("the quick brown fox", 12, temperature=1.0, seed=12),
-    ],
-}
-# The same seeded requests with other companions, in another order. Behind a 30-token
-# prompt the long one is prefilled as 2, 31, 31, 31, 5 (4 discarded samples): its draws
-# must not depend on how its prompt was chunked.
-SEEDED_B = {
-    "name": "seeded_b",
-    "requests": [
-        req(" ".join(_WORDS[:30]), 12, temperature=1.0),
-        SEEDED_LONG,
-        req("night and day", 12, temperature=1.0),
-        req("a long river", 12, temperature=1.0, top_p=0.9, seed=33),
-        req("the quick brown fox", 12, temperature=1.0, seed=11),
-        req("one two three", 12, temperature=0.8, top_k=5, seed=22),
-    ],
-}
-
-
-def run_spec(
-    spec: dict[str, Any],
-    tmp: Path,
-    name: str,
-    env: dict[str, str] | None = None,
-    timeout: float = 300,
-) -> dict:
-    """Run e2e_runner.py on ``spec`` in a fresh interpreter (host emulation unless
-    ``env`` says otherwise); fail with its error and log tails."""
-    spec_path, out_path = tmp / f"{name}.spec.json", tmp / f"{name}.out.json"
-    spec_path.write_text(json.dumps(spec))
-    proc = run_bounded(
-        [sys.executable, str(RUNNER), str(spec_path), str(out_path)],
-        env=child_env(EMULATION if env is None else env),
-        timeout=timeout,
-    )
-    result = json.loads(out_path.read_text()) if out_path.exists() else {}
-    if proc.returncode != 0 or result.get("error"):
-        pytest.fail(
-            f"{name}: exit {proc.returncode}\n{result.get('error')}\n"
-            f"--- stderr tail ---\n{proc.stderr[-4000:]}\n"
-            f"--- stdout tail ---\n{proc.stdout[-3000:]}"
-        )
-    return result
-
-
-LOG_LINE = re.compile(r"^(DEBUG|INFO|WARNING|ERROR) \d\d-\d\d ", re.M)
-
-
-def check_demo_text(proc: subprocess.CompletedProcess[str]) -> str:
-    """Text mode: stdout is the report alone; vLLM's log is in the file the first line
-    names. Returns the log."""
-    assert not LOG_LINE.search(proc.stdout), proc.stdout[:3000]
-    first = proc.stdout.splitlines()[0]
-    match = re.search(r"vLLM's log: (\S+) \(-v shows it here\)", first)
-    assert match, first
-    log = Path(match.group(1)).read_text()
-    assert "Platform plugin kunlun is activated" in log
-    return log
-
-
-def run_demo_cli(
-    work: Path,
-    env: dict[str, str],
-    fakes: bool,
-    json_stdout: bool = False,
-    model: str | None = None,
-) -> tuple[dict, subprocess.CompletedProcess[str]]:
-    """``vllm-kunlun demo --json-out`` in a fresh interpreter (its own cache dir under
-    ``work``); fail with the log tails unless it succeeds; the report and the process.
-    ``json_stdout``: with ``--json``, whose stdout must be that report and nothing
-    else; otherwise text mode, whose stdout must be the report without vLLM's log.
-    ``model``: ``--model`` (None: the demo's default)."""
-    out = work / "demo.json"
-    proc = run_bounded(
-        [
-            sys.executable,
-            "-m",
-            "vllm_kunlun.cli",
-            "demo",
-            "--max-tokens",
-            str(DEMO_TOKENS),
-            "--json-out",
-            str(out),
-            *(["--json"] if json_stdout else []),
-            *(["--model", model] if model else []),
-        ],
-        env=child_env({"XDG_CACHE_HOME": str(work / "xdg"), **env}, fakes=fakes),
-        timeout=600,
-    )
-    assert proc.returncode == 0, proc.stderr[-4000:] + proc.stdout[-3000:]
-    report = json.loads(out.read_text())
-    if json_stdout:
-        assert json.loads(proc.stdout) == report, proc.stdout[:3000]
-    else:
-        check_demo_text(proc)
-    return report, proc
 
 
 @pytest.fixture(scope="module")
@@ -188,14 +52,9 @@ def run1(model_dir: str, work: Path) -> dict:
     """In-process engine (the guard covers the engine core): greedy, then seeded;
     then transformers' greedy reference in the same interpreter."""
     demo = {"name": "demo", "requests": [req(p, DEMO_TOKENS) for p in DEFAULT_PROMPTS]}
-    spec = {
-        "backend": "vllm",
-        "model": model_dir,
-        "llm": LLM_ARGS,
-        "guard_exponential": True,
-        "jobs": [*GREEDY_JOBS, SEEDED_A],
-        "hf_jobs": [*GREEDY_JOBS, demo],
-    }
+    spec = engine_spec(
+        model_dir, [*GREEDY_JOBS, SEEDED_A], hf_jobs=[*GREEDY_JOBS, demo]
+    )
     return run_spec(spec, work, "run1")
 
 
@@ -207,13 +66,7 @@ def hf(run1: dict) -> dict:
 @pytest.fixture(scope="module")
 def run2(model_dir: str, work: Path) -> dict:
     """A second engine run: the seeded batch again, then the same seeds elsewhere."""
-    spec = {
-        "backend": "vllm",
-        "model": model_dir,
-        "llm": LLM_ARGS,
-        "guard_exponential": True,
-        "jobs": [SEEDED_A, SEEDED_B],
-    }
+    spec = engine_spec(model_dir, [SEEDED_A, SEEDED_B])
     return run_spec(spec, work, "run2")
 
 
@@ -247,7 +100,7 @@ def test_serving_path_is_the_plugins(run1: dict) -> None:
         == "vllm_kunlun.platforms.emulation.KunlunHostEmulationPlatform"
     )
     assert info["attention_impls"] == [
-        "vllm_kunlun.attention.backend.PortableAttentionImpl"
+        "vllm_kunlun.ops.attention.backend.PortableAttentionImpl"
     ]
     # The fakes are importable here, but without VLLM_KUNLUN_EMULATION_VENDOR=1 no
     # vendor path is taken: vLLM's CustomOps stay its own, no kernel route exists.

@@ -67,7 +67,7 @@ def test_emulation_config_handles_every_measured_fact(tmp_path: Path) -> None:
         "mp_method": "spawn",
         "host_ip": "127.0.0.1",  # process groups on loopback, not the host's address
         "schema_fix": True,  # import vllm.config needs it on torch 2.5.1
-        "topk_topp": "vllm_kunlun.sample.topk_topp",  # the plugin's sampler
+        "topk_topp": "vllm_kunlun.ops.sampling.topk_topp",  # the plugin's sampler
     }
     log = proc.stdout + proc.stderr
     assert "HOST EMULATION active" in log

@@ -26,12 +26,13 @@ from typing import Any
 import pytest
 
 from tests.conftest import REPO, child_env
-from tests.integration import test_e2e_emulation as e2e
-from tests.integration.test_e2e_emulation import (
+from tests.integration import engine_specs as e2e
+from tests.integration.engine_specs import (
     BLOCK_SIZE,
     LONG_PROMPT,
     PREFIX,
     TOKEN_BUDGET,
+    engine_spec,
     req,
     run_spec,
 )
@@ -124,17 +125,14 @@ def checkpoints(work: Path) -> dict[str, str]:
 
 @pytest.fixture(scope="module")
 def composite(checkpoints: dict[str, str], work: Path) -> dict:
-    spec = {
-        "backend": "vllm",
-        "model": checkpoints["composite"],
-        "llm": LLM_ARGS,
-        "guard_exponential": True,
-        "jobs": [*GREEDY_JOBS, SEEDED_A, IMAGE, SEEDED_B],
-        "hf_jobs": GREEDY_JOBS,
-        "hf_cache": True,
-        # The demo serves the causal layout: its reference, from that checkpoint.
-        "hf_also": {"model": checkpoints["causal"], "jobs": [DEMO], "hf_cache": True},
-    }
+    spec = engine_spec(
+        checkpoints["composite"],
+        [*GREEDY_JOBS, SEEDED_A, IMAGE, SEEDED_B],
+        hf_jobs=GREEDY_JOBS,
+        hf_cache=True,
+        hf_also={"model": checkpoints["causal"], "jobs": [DEMO], "hf_cache": True},
+        llm=LLM_ARGS,
+    )
     return run_spec(spec, work, "composite", timeout=600)
 
 
@@ -233,7 +231,7 @@ def test_serving_path_is_the_plugins(composite: dict) -> None:
         == "vllm_kunlun.platforms.emulation.KunlunHostEmulationPlatform"
     )
     assert info["attention_impls"] == [
-        "vllm_kunlun.attention.backend.PortableAttentionImpl"
+        "vllm_kunlun.ops.attention.backend.PortableAttentionImpl"
     ]
 
 

@@ -18,13 +18,13 @@ from pathlib import Path
 import pytest
 
 from tests.integration import hybrid_geometry as geo
-from tests.integration.test_e2e_emulation import EMULATION
+from tests.integration.engine_specs import EMULATION
 
 pytestmark = pytest.mark.slow
 
 # (geometry, tensor parallel size); the first of each geometry carries its reference.
 CONFIGS = [("narrow", 1), ("log27b", 4)]
-PORTABLE_IMPL = "vllm_kunlun.attention.backend.PortableAttentionImpl"
+PORTABLE_IMPL = "vllm_kunlun.ops.attention.backend.PortableAttentionImpl"
 
 
 @pytest.fixture(scope="module")

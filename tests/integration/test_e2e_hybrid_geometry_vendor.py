@@ -17,14 +17,14 @@ from typing import Any
 import pytest
 
 from tests.integration import hybrid_geometry as geo
-from tests.integration.test_e2e_emulation import EMULATION
+from tests.integration.engine_specs import EMULATION
 
 pytestmark = pytest.mark.slow
 
 VENDOR = {**EMULATION, "VLLM_KUNLUN_EMULATION_VENDOR": "1"}
 RECORD_ENV = "FAKE_KUNLUN_OPS_RECORD"
 CONFIGS = [("log27b", 1), ("narrow", 2)]
-KUNLUN_IMPL = "vllm_kunlun.attention.kunlun.KunlunAttentionImpl"
+KUNLUN_IMPL = "vllm_kunlun.ops.attention.kunlun.KunlunAttentionImpl"
 
 
 @pytest.fixture(scope="module")

@@ -32,10 +32,11 @@ from typing import Any
 
 import pytest
 
-from tests.integration.test_e2e_emulation import (
+from tests.integration.engine_specs import (
     EMULATION,
     GREEDY_PROMPTS,
     TOKEN_BUDGET,
+    engine_spec,
     req,
     run_spec,
 )
@@ -85,15 +86,9 @@ def wide(work: Path) -> str:
 
 @pytest.fixture(scope="module")
 def composite(tiny: str, work: Path) -> dict:
-    spec = {
-        "backend": "vllm",
-        "model": tiny,
-        "llm": LLM_ARGS,
-        "guard_exponential": True,
-        "jobs": [*GREEDY_JOBS, SEEDED_A, SEEDED_B],
-        "hf_jobs": GREEDY_JOBS,
-        "hf_cache": True,
-    }
+    spec = engine_spec(
+        tiny, [*GREEDY_JOBS, SEEDED_A, SEEDED_B], hf_jobs=GREEDY_JOBS, hf_cache=True
+    )
     return run_spec(spec, work, "composite", timeout=600)
 
 

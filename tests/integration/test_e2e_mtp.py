@@ -21,10 +21,11 @@ from typing import Any
 import pytest
 
 from tests.conftest import run_python
-from tests.integration import test_e2e_emulation as e2e
-from tests.integration.test_e2e_emulation import (
+from tests.integration import engine_specs as e2e
+from tests.integration.engine_specs import (
     LONG_PROMPT,
     TOKEN_BUDGET,
+    engine_spec,
     req,
     run_spec,
 )
@@ -104,17 +105,15 @@ def work(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module", params=[1, 2, 3], ids=lambda n: f"N{n}")
 def run(request: pytest.FixtureRequest, model_dir: str, work: Path) -> dict:
     n = request.param
-    spec: dict[str, Any] = {
-        "backend": "vllm",
-        "model": model_dir,
-        "llm": {
+    spec: dict[str, Any] = engine_spec(
+        model_dir,
+        [*GREEDY_JOBS, SEEDED_A, SEEDED_B],
+        llm={
             **LLM_ARGS,
             "speculative_config": {"method": "mtp", "num_speculative_tokens": n},
         },
-        "guard_exponential": True,
-        "metrics": True,
-        "jobs": [*GREEDY_JOBS, SEEDED_A, SEEDED_B],
-    }
+        metrics=True,
+    )
     result = run_spec(spec, work, f"mtp{n}", timeout=600)
     result["n"] = n
     return result

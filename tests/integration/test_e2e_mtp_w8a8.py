@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 
 from tests.conftest import run_python
-from tests.integration.test_e2e_emulation import run_spec
+from tests.integration.engine_specs import run_spec
 from tests.integration.test_e2e_mtp import GREEDY_JOBS, LLM_ARGS, trained_model_dir
 from tests.integration.w8a8_reference import assert_greedy_matches
 from vllm_kunlun.demo.tiny_quant import ensure_tiny_w8a8, w8a8_cache_dir
@@ -30,7 +30,7 @@ from vllm_kunlun.demo.tiny_qwen3_5_mtp import TinyQwen3_5MtpSpec
 
 pytestmark = pytest.mark.slow
 
-INT8_KERNEL = "vllm_kunlun.quantization.int8_kernel.KunlunInt8ScaledMMLinearKernel"
+INT8_KERNEL = "vllm_kunlun.ops.int8.int8_kernel.KunlunInt8ScaledMMLinearKernel"
 
 
 @pytest.fixture(scope="module")

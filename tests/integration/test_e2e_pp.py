@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 
-from tests.integration.test_e2e_emulation import (
+from tests.integration.engine_specs import (
     EMULATION,
     TOKEN_BUDGET,
     run_spec,

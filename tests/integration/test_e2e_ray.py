@@ -34,7 +34,7 @@ from typing import Any
 import pytest
 
 from tests.conftest import REPO, child_env, run_bounded, run_python
-from tests.integration.test_e2e_emulation import EMULATION, req
+from tests.integration.engine_specs import EMULATION, req
 from tests.integration.test_e2e_hybrid import GREEDY_JOBS as HYBRID_JOBS
 from tests.integration.test_e2e_hybrid import LLM_ARGS as HYBRID_ARGS
 from tests.integration.test_e2e_pp import SIX, _stage_layers, _tie

@@ -21,16 +21,16 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from tests.integration.test_e2e_emulation import (
+from tests.integration.engine_specs import (
     BLOCK_SIZE,
     DEMO_TOKENS,
     EMULATION,
     GREEDY_JOBS,
     GREEDY_PROMPTS,
-    LLM_ARGS,
     LONG_PROMPT,
     PREFIX,
     TOKEN_BUDGET,
+    engine_spec,
     req,
     run_demo_cli,
     run_spec,
@@ -85,14 +85,11 @@ def run(work: Path) -> dict:
     eight unseeded sampled requests; then transformers' greedy reference in the same
     interpreter."""
     records = work / "calls.jsonl"
-    spec = {
-        "backend": "vllm",
-        "model": str(write_tiny_model(work / "tiny-qwen3")),
-        "llm": LLM_ARGS,
-        "guard_exponential": True,
-        "jobs": [*GREEDY_JOBS, SAMPLED, TOP_K_JOB],
-        "hf_jobs": [*GREEDY_JOBS, DEMO_JOB],
-    }
+    spec = engine_spec(
+        str(write_tiny_model(work / "tiny-qwen3")),
+        [*GREEDY_JOBS, SAMPLED, TOP_K_JOB],
+        hf_jobs=[*GREEDY_JOBS, DEMO_JOB],
+    )
     result = run_spec(spec, work, "vendor", env={**VENDOR, RECORD_ENV: str(records)})
     result["calls"] = read_calls(records)
     return result
@@ -158,7 +155,7 @@ def test_every_layer_ran_on_the_vendor_kernels(run: dict) -> None:
 def test_serving_report_matches_the_kernel_records(run: dict) -> None:
     (info,) = run["serving"]
     assert info["attention_impls"] == [
-        "vllm_kunlun.attention.kunlun.KunlunAttentionImpl"
+        "vllm_kunlun.ops.attention.kunlun.KunlunAttentionImpl"
     ]
     assert info["sampling_kernels"].startswith("vendor ")
     for cls, entry in info["custom_ops"].items():

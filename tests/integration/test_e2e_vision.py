@@ -28,25 +28,20 @@ import pytest
 
 from tests.conftest import REPO, child_env
 from tests.integration.e2e_runner import greedy_vl
-from tests.integration.test_e2e_emulation import BLOCK_SIZE, req, run_spec
+from tests.integration.engine_specs import (
+    BLOCK_SIZE,
+    LLM_ARGS,
+    TOKEN_BUDGET,
+    req,
+    run_spec,
+)
 from vllm_kunlun.demo.tiny_model import write_tiny_model
 from vllm_kunlun.demo.tiny_qwen3_5 import TinyQwen3_5Spec
 from vllm_kunlun.demo.tiny_qwen3_5_moe import TinyQwen3_5MoeSpec
 
 pytestmark = pytest.mark.slow
 
-TOKEN_BUDGET = 32
-LLM_ARGS = {
-    "dtype": "float32",
-    "max_model_len": 512,
-    "max_num_batched_tokens": TOKEN_BUDGET,
-    "max_num_seqs": 8,
-    "block_size": BLOCK_SIZE,
-    "enable_prefix_caching": True,
-    "enable_chunked_prefill": True,
-    "seed": 0,
-    "limit_mm_per_prompt": {"image": 3, "video": 1},
-}
+VISION_ARGS = {**LLM_ARGS, "limit_mm_per_prompt": {"image": 3, "video": 1}}
 TOKENS = 8
 IMAGE = "<|vision_start|><|image_pad|><|vision_end|>"
 VIDEO = "<|vision_start|><|video_pad|><|vision_end|>"
@@ -146,7 +141,7 @@ def run(checkpoint: str, work: Path) -> dict:
     spec = {
         "backend": "vllm",
         "model": checkpoint,
-        "llm": LLM_ARGS,
+        "llm": VISION_ARGS,
         "engine_in_process": True,
         "jobs": JOBS,
         "hf_vl_jobs": JOBS,
@@ -158,7 +153,7 @@ def run(checkpoint: str, work: Path) -> dict:
 def moe_run(work: Path) -> dict:
     spec = TinyQwen3_5MoeSpec(layout="composite")
     model = str(write_tiny_model(work / "moe", spec))
-    llm = {**LLM_ARGS, "enable_prefix_caching": False, "max_num_batched_tokens": 256}
+    llm = {**VISION_ARGS, "enable_prefix_caching": False, "max_num_batched_tokens": 256}
     return run_spec(
         {
             "backend": "vllm",

@@ -21,7 +21,7 @@ import pytest
 
 from tests.conftest import REPO, child_env
 from tests.docs_blocks import readme_demo_labels
-from tests.integration.test_e2e_emulation import (
+from tests.integration.engine_specs import (
     EMULATION,
     GREEDY_PROMPTS,
     LLM_ARGS,
@@ -92,7 +92,7 @@ def _rows(run: dict[str, Any]) -> list[tuple[dict, list[int], dict, dict]]:
 def test_the_plugins_int8_kernel_served_the_linear_layers(run: dict) -> None:
     (info,) = run["serving"]
     assert info["linear_kernels"] == [
-        "vllm_kunlun.quantization.int8_kernel.KunlunInt8ScaledMMLinearKernel"
+        "vllm_kunlun.ops.int8.int8_kernel.KunlunInt8ScaledMMLinearKernel"
     ]
     # Host emulation without VLLM_KUNLUN_EMULATION_VENDOR=1 wants no vendor kernel.
     assert info["int8_kernels"].startswith(
@@ -171,7 +171,7 @@ def test_demo_generates_in_process(model_dir: str, work: Path) -> None:
     assert report["output_tokens"] == 6 * len(report["generations"]) > 0
     (info,) = report["serving"]
     assert info["linear_kernels"] == [
-        "vllm_kunlun.quantization.int8_kernel.KunlunInt8ScaledMMLinearKernel"
+        "vllm_kunlun.ops.int8.int8_kernel.KunlunInt8ScaledMMLinearKernel"
     ]
     assert "linear kernels  : " in proc.stdout
     check_demo_text(proc)  # the report alone; vLLM's log in the file it names

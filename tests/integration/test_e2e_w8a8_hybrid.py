@@ -29,7 +29,7 @@ from safetensors import safe_open
 
 from tests.docs_blocks import readme_demo_values
 from tests.integration import hybrid_geometry as geo
-from tests.integration.test_e2e_emulation import (
+from tests.integration.engine_specs import (
     DEMO_TOKENS,
     GREEDY_PROMPTS,
     PREFIX,
@@ -150,7 +150,7 @@ def test_the_plugins_int8_kernel_served_the_text_linears(
     assert len(ranks) == CONFIGS[config][1].get("tensor_parallel_size", 1)
     for info in ranks:
         assert info["linear_kernels"] == [
-            "vllm_kunlun.quantization.int8_kernel.KunlunInt8ScaledMMLinearKernel"
+            "vllm_kunlun.ops.int8.int8_kernel.KunlunInt8ScaledMMLinearKernel"
         ]
         assert info["int8_kernels"].startswith("portable (")
 
@@ -203,7 +203,7 @@ def test_the_default_demo_serves_the_logs_model_in_miniature(
     assert info["pid"] != report["demo_pid"]
     assert info["platform"].endswith("KunlunHostEmulationPlatform")
     assert info["attention_impls"] == [
-        "vllm_kunlun.attention.backend.PortableAttentionImpl"
+        "vllm_kunlun.ops.attention.backend.PortableAttentionImpl"
     ]
     served = {(c["op"], c["path"]) for c in info["gdn_kernels"]}
     assert {op for op, _ in served} == {

@@ -1,5 +1,5 @@
 """vLLM 0.15.1's rejection sampler end to end on the CPU, with its three Triton kernels
-replaced by ``kunlun_rejection_kernels`` (vllm_kunlun/sample/sampler_patches.py).
+replaced by ``kunlun_rejection_kernels`` (vllm_kunlun/ops/sampling/sampler_patches.py).
 
 The calls are vLLM's own ``rejection_sample`` and ``expand_batch_to_tokens``; the
 expected rows follow from the rule they implement (speculative sampling: keep a draft
@@ -19,8 +19,8 @@ from vllm.v1.sample import rejection_sampler as rs
 from vllm.v1.sample.logits_processor import LogitsProcessors
 from vllm.v1.sample.metadata import SamplingMetadata
 
+from vllm_kunlun.ops.sampling import sampler_patches
 from vllm_kunlun.patching.phases import Phase
-from vllm_kunlun.sample import sampler_patches
 
 P = rs.PLACEHOLDER_TOKEN_ID
 

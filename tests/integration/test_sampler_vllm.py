@@ -1,6 +1,6 @@
 """Device-side sampling inside real vLLM 0.15.1 (CPU): Sampler, rejection sampler,
 spec-decode helper, through the runtime patches of
-vllm_kunlun/sample/sampler_patches.py.
+vllm_kunlun/ops/sampling/sampler_patches.py.
 
 Goodness of fit: Pearson chi-square, fails when p < ALPHA = 1e-4 (fixed seeds).
 """
@@ -27,10 +27,10 @@ from tests.unit.sampler_reference import (
     probs64,
     reference,
 )
+from vllm_kunlun.ops.sampling import sampler_patches
+from vllm_kunlun.ops.sampling.topk_topp import KunlunTopKTopPSampler
 from vllm_kunlun.patching.attribute import PatchMismatch
 from vllm_kunlun.patching.phases import Phase
-from vllm_kunlun.sample import sampler_patches
-from vllm_kunlun.sample.topk_topp import KunlunTopKTopPSampler
 
 ORIGINAL = {
     "sampler": sampler.TopKTopPSampler,

@@ -47,7 +47,7 @@ def attention_path(
     from vllm.utils.import_utils import resolve_obj_by_qualname
     from vllm.v1.attention.selector import AttentionSelectorConfig
 
-    from vllm_kunlun.attention import kernel_block_size
+    from vllm_kunlun.ops.attention.block_sizes import kernel_block_size
 
     plat = platform or platform_class()
     if envs.VLLM_KUNLUN_HOST_EMULATION and platform is None:

@@ -906,7 +906,7 @@ def moe_weights(
 def with_attention_path(finding: Finding, shape: ModelShape, page: int) -> Finding:
     """The finding with the page vLLM will pick, the kernel block and the backend that
     serves it on this host (``attention_path``); a page no kernel block fits fails."""
-    from vllm_kunlun.attention import DEFAULT_BLOCK_SIZE
+    from vllm_kunlun.ops.attention.block_sizes import DEFAULT_BLOCK_SIZE
     from vllm_kunlun.checks.attention_path import attention_path
 
     if not shape.attention_layers:
@@ -937,7 +937,7 @@ def with_attention_path(finding: Finding, shape: ModelShape, page: int) -> Findi
     if chosen.kernel_block_size is None:
         from vllm.utils.import_utils import resolve_obj_by_qualname
 
-        from vllm_kunlun.attention import describe_kernel_block_sizes
+        from vllm_kunlun.ops.attention.block_sizes import describe_kernel_block_sizes
 
         sizes = describe_kernel_block_sizes(resolve_obj_by_qualname(chosen.backend))
         return dataclasses.replace(

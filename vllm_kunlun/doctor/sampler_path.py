@@ -1,4 +1,4 @@
-"""Check 9: which sampling implementation the active platform uses, and a probe that
+"""The doctor's ``sampler_path`` check: which sampling implementation the active platform uses, and a probe that
 the sampler's noise is generated on the sampler's device.
 
 The deployment's decode stall: vLLM's native sampler drew its noise with
@@ -176,9 +176,9 @@ def check_sampler_path(ctx: Context) -> Finding:
 
     ensure_vllm_importable()
     from vllm_kunlun.ops import chooser
+    from vllm_kunlun.ops.sampling.sampler_patches import PATCHES
     from vllm_kunlun.ops.sampling.seam import select_kernels
-    from vllm_kunlun.sample.sampler_patches import PATCHES
-    from vllm_kunlun.sample.topk_topp import KunlunTopKTopPSampler
+    from vllm_kunlun.ops.sampling.topk_topp import KunlunTopKTopPSampler
 
     platform, ours = _platform()
     device, note = probe_device()

@@ -98,7 +98,7 @@ REGISTRY: tuple[RuntimePatch, ...] = (
     ),
     RuntimePatch(
         "kunlun_topk_topp_sampler",
-        "vllm_kunlun.sample.sampler_patches",
+        "vllm_kunlun.ops.sampling.sampler_patches",
         ("vllm.v1.sample.sampler.TopKTopPSampler",),
         "vLLM's sampler draws Tensor.exponential_ noise, CPU-only on Kunlun, and sorts "
         "the vocabulary for top-p",
@@ -107,7 +107,7 @@ REGISTRY: tuple[RuntimePatch, ...] = (
     ),
     RuntimePatch(
         "kunlun_recovered_token_noise",
-        "vllm_kunlun.sample.sampler_patches",
+        "vllm_kunlun.ops.sampling.sampler_patches",
         ("vllm.v1.sample.rejection_sampler.sample_recovered_tokens",),
         "speculative decoding's recovered tokens use exponential_ too",
         _WORKER,
@@ -115,7 +115,7 @@ REGISTRY: tuple[RuntimePatch, ...] = (
     ),
     RuntimePatch(
         "kunlun_rejection_tp_broadcast",
-        "vllm_kunlun.sample.sampler_patches",
+        "vllm_kunlun.ops.sampling.sampler_patches",
         ("vllm.v1.sample.rejection_sampler.rejection_sample",),
         "TP ranks must accept the same draft tokens even if device RNGs differ",
         _WORKER,
@@ -123,7 +123,7 @@ REGISTRY: tuple[RuntimePatch, ...] = (
     ),
     RuntimePatch(
         "kunlun_rejection_kernels",
-        "vllm_kunlun.sample.sampler_patches",
+        "vllm_kunlun.ops.sampling.sampler_patches",
         (
             "vllm.v1.sample.rejection_sampler.rejection_greedy_sample_kernel",
             "vllm.v1.sample.rejection_sampler.rejection_random_sample_kernel",
@@ -136,7 +136,7 @@ REGISTRY: tuple[RuntimePatch, ...] = (
     ),
     RuntimePatch(
         "kunlun_int8_scaled_mm_kernel",
-        "vllm_kunlun.quantization.int8_kernel_table_patch",
+        "vllm_kunlun.ops.int8.int8_kernel_table_patch",
         (
             "vllm.model_executor.layers.quantization.kernels.scaled_mm."
             "_POSSIBLE_INT8_KERNELS",
@@ -158,7 +158,7 @@ REGISTRY: tuple[RuntimePatch, ...] = (
     ),
     RuntimePatch(
         "kunlun_gdn_kernels",
-        "vllm_kunlun.models.hybrid_layer_patches",
+        "vllm_kunlun.ops.gdn.patches",
         tuple(
             f"vllm.model_executor.models.qwen3_next.{op}"
             for op in (
@@ -194,7 +194,7 @@ REGISTRY: tuple[RuntimePatch, ...] = (
     ),
     RuntimePatch(
         "kunlun_mamba_copy_block",
-        "vllm_kunlun.models.hybrid_layer_patches",
+        "vllm_kunlun.ops.gdn.patches",
         (
             "vllm.v1.worker.mamba_utils.collect_mamba_copy_meta",
             "vllm.v1.worker.mamba_utils.do_mamba_copy_block",

@@ -133,10 +133,10 @@ class KunlunPlatformBase(Platform):
     @classmethod
     def verify_quantization(cls, quant: str) -> None:
         """A quantized model is being configured: refuse a method the platform cannot
-        run (vllm_kunlun/quantization/schemes.py), register our int8 kernel before
+        run (vllm_kunlun/ops/int8/schemes.py), register our int8 kernel before
         vLLM builds its W8A8 layers
-        (vllm_kunlun/quantization/int8_kernel_table_patch.py)."""
-        from vllm_kunlun.quantization.schemes import refuse_method
+        (vllm_kunlun/ops/int8/int8_kernel_table_patch.py)."""
+        from vllm_kunlun.ops.int8.schemes import refuse_method
 
         refuse_method(quant, cls._attn_where)
         super().verify_quantization(quant)
@@ -160,7 +160,7 @@ class KunlunPlatformBase(Platform):
                 "version."
             )
         if selected_backend is None and cls.vendor_kernels()[0]:
-            from vllm_kunlun.attention import select_kunlun
+            from vllm_kunlun.ops.attention.select import select_kunlun
 
             path, why = select_kunlun(attn_selector_config)
             if path is not None:
@@ -188,7 +188,7 @@ class KunlunPlatformBase(Platform):
                 "backend), or leave --attention-backend unset."
             )
         if backend == AttentionBackendEnum.CUSTOM:
-            from vllm_kunlun.attention import select_portable
+            from vllm_kunlun.ops.attention.select import select_portable
 
             return select_portable(attn_selector_config)
         logger.info_once(
@@ -324,11 +324,11 @@ class KunlunPlatformBase(Platform):
         where ``_budget_guard``, the device-memory budget (the model-path guard is
         installed in ``pre_register_and_update``)."""
         from vllm_kunlun.guards.engine_checks import check_engine_config
+        from vllm_kunlun.ops.int8.schemes import refuse_schemes
         from vllm_kunlun.platforms.kunlun_defaults import (
             apply_kunlun_defaults,
             apply_ray_defaults,
         )
-        from vllm_kunlun.quantization.schemes import refuse_schemes
 
         refuse_schemes(vllm_config.quant_config, cls._attn_where)
         cls._defaults_first(vllm_config)

@@ -11,8 +11,8 @@ import json
 import os
 from typing import TYPE_CHECKING, Any
 
-from vllm_kunlun.attention import DEFAULT_BLOCK_SIZE
 from vllm_kunlun.logger import init_logger
+from vllm_kunlun.ops.attention.block_sizes import DEFAULT_BLOCK_SIZE
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig

@@ -56,7 +56,7 @@ def test_the_native_engine_worker_gets_vllms_sampler_back() -> None:
     from vllm.v1.sample.sampler import Sampler
 
     from vllm_kunlun.demo.serving_info import ServingInfo
-    from vllm_kunlun.sample.topk_topp import KunlunTopKTopPSampler
+    from vllm_kunlun.ops.sampling.topk_topp import KunlunTopKTopPSampler
 
     sampler = Sampler()
     sampler.topk_topp_sampler = KunlunTopKTopPSampler()

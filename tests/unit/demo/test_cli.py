@@ -55,7 +55,7 @@ def test_report_names_what_served(capsys: pytest.CaptureFixture) -> None:
                 "platform": "vllm_kunlun.platforms.emulation.KunlunHostEmulationPlatform",
                 "device_name": "emu",
                 "attention_backends": ["CUSTOM (portable)"],
-                "topk_topp_forward": "vllm_kunlun.sample.X.forward",
+                "topk_topp_forward": "vllm_kunlun.ops.sampling.X.forward",
                 "sampling_kernels": "portable (the logits are on the CPU)",
                 "gdn_kernels": [
                     {"op": "chunk", "device": "cpu", "path": "portable", "reason": "r"},
@@ -78,7 +78,7 @@ def test_report_names_what_served(capsys: pytest.CaptureFixture) -> None:
     assert "started in 3.25 s" in out
     assert "KunlunHostEmulationPlatform" in out
     assert "CUSTOM (portable)" in out
-    assert "vllm_kunlun.sample.X.forward" in out
+    assert "vllm_kunlun.ops.sampling.X.forward" in out
     assert "portable (the logits are on the CPU)" in out
     assert "> one two\n  three four" in out
     assert "32.0 output tokens/s" in out

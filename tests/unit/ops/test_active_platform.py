@@ -9,9 +9,9 @@ import vllm.platforms
 from vllm.platforms.cpu import CpuPlatform
 
 from vllm_kunlun.ops import active_platform, chooser, routes
+from vllm_kunlun.ops.int8.int8_kernel import KunlunInt8ScaledMMLinearKernel
 from vllm_kunlun.platforms.emulation import KunlunHostEmulationPlatform
 from vllm_kunlun.platforms.kunlun import KunlunPlatform
-from vllm_kunlun.quantization.int8_kernel import KunlunInt8ScaledMMLinearKernel
 
 
 def _serve(monkeypatch: pytest.MonkeyPatch, platform: object) -> None:

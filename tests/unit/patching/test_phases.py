@@ -128,7 +128,7 @@ def test_apply_phase_applies_that_phases_entries_in_registry_order(
 def test_the_quantized_phase_imports_where_the_model_process_only_looks(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from vllm_kunlun.quantization import int8_kernel_table_patch
+    from vllm_kunlun.ops.int8 import int8_kernel_table_patch
 
     seen: list[str] = []
     monkeypatch.setattr(

@@ -76,7 +76,7 @@ def test_each_entry_says_why_and_when_it_can_go() -> None:
 
 
 def test_state_follows_the_live_patch() -> None:
-    from vllm_kunlun.sample import sampler_patches  # noqa: F401  (the entry's module)
+    from vllm_kunlun.ops.sampling import sampler_patches  # noqa: F401  (the entry's module)
 
     entry = registry.BY_NAME["kunlun_topk_topp_sampler"]
     (patch,) = registry.live_patches(entry)
@@ -95,8 +95,8 @@ def test_an_applied_patch_still_reports_no_mismatch() -> None:
     """What the doctor asks after the worker applied them: each check vets the object
     it replaced, and sees through another patch's wrapper (the TP broadcast wraps
     ``rejection_sample``, which the recovered-token check inspects)."""
+    from vllm_kunlun.ops.sampling import sampler_patches
     from vllm_kunlun.patching.attribute import apply_group
-    from vllm_kunlun.sample import sampler_patches
 
     ours = [p for p in sampler_patches.PATCHES if not p.applied()]
     try:

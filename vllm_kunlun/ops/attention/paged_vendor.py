@@ -1,6 +1,6 @@
 """Paged attention on the vendor kernels: the KV-cache write, decode and prefill calls.
 
-Why: the Kunlun attention backend (``vllm_kunlun/attention/kunlun.py``) is vLLM's
+Why: the Kunlun attention backend (``vllm_kunlun/ops/attention/kunlun.py``) is vLLM's
 paged-attention contract; this module is the only place that knows how the vendor
 library is called for it. Call forms and keyword names are upstream's (facts in
 ``docs/vendor-calls.md``).

@@ -350,21 +350,6 @@ def recurrent_gated_delta_rule(
     return out.to(v.dtype).unsqueeze(0)
 
 
-def _step(
-    h: torch.Tensor,
-    q_t: torch.Tensor,
-    k_t: torch.Tensor,
-    v_t: torch.Tensor,
-    g_t: torch.Tensor,
-    b_t: torch.Tensor,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """One token of the recurrence for one sequence: ``h`` ``[HV, dk, dv]``."""
-    h = h * g_t.exp()[:, None, None]
-    u = (v_t - torch.einsum("hkv,hk->hv", h, k_t)) * b_t[:, None]
-    h = h + k_t.unsqueeze(-1) * u.unsqueeze(-2)
-    return h, torch.einsum("hkv,hk->hv", h, q_t)
-
-
 def _recurrent_per_token_states(
     qf: torch.Tensor,
     kf: torch.Tensor,

@@ -16,9 +16,9 @@ import torch
 from vllm_kunlun.checks.finding import Context
 from vllm_kunlun.cli import main
 from vllm_kunlun.doctor.patchset import check_patchset
+from vllm_kunlun.ops.int8 import int8_kernel_table_patch as int8_patches
 from vllm_kunlun.patching import wrap_triton
 from vllm_kunlun.patching.registry import torch_fix_states as runtime_fix_states
-from vllm_kunlun.quantization import int8_kernel_table_patch as int8_patches
 
 QUTLASS = "vllm.model_executor.layers.quantization.qutlass_utils"
 
@@ -118,7 +118,7 @@ def scaled_mm() -> Iterator[Any]:
 def test_registry_gets_an_out_of_tree_entry_and_reverts(scaled_mm: Any) -> None:
     from vllm.platforms import PlatformEnum
 
-    from vllm_kunlun.quantization.int8_kernel import KunlunInt8ScaledMMLinearKernel
+    from vllm_kunlun.ops.int8.int8_kernel import KunlunInt8ScaledMMLinearKernel
 
     original = scaled_mm._POSSIBLE_INT8_KERNELS
     assert PlatformEnum.OOT not in original  # vLLM 0.15.1: KeyError without the patch
@@ -165,7 +165,7 @@ def test_apply_if_loaded_imports_nothing(
 
 
 def test_the_kernel_refuses_platforms_that_are_not_ours() -> None:
-    from vllm_kunlun.quantization.int8_kernel import KunlunInt8ScaledMMLinearKernel
+    from vllm_kunlun.ops.int8.int8_kernel import KunlunInt8ScaledMMLinearKernel
 
     ok, why = KunlunInt8ScaledMMLinearKernel.is_supported()
     assert not ok and "requires a vllm-kunlun platform" in str(why)

@@ -63,7 +63,7 @@ def _check(module: ModuleType, original: Any) -> str | None:
 def _make(original: dict[Any, list[Any]]) -> dict[Any, list[Any]]:
     from vllm.platforms import PlatformEnum
 
-    from vllm_kunlun.quantization.int8_kernel import KunlunInt8ScaledMMLinearKernel
+    from vllm_kunlun.ops.int8.int8_kernel import KunlunInt8ScaledMMLinearKernel
 
     return {**original, PlatformEnum.OOT: [KunlunInt8ScaledMMLinearKernel]}
 

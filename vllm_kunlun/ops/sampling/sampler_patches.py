@@ -61,7 +61,7 @@ def _check_sampler(module: ModuleType, original: Any) -> str | None:
 
 
 def _make_sampler(original: Any) -> Any:
-    from vllm_kunlun.sample.topk_topp import KunlunTopKTopPSampler
+    from vllm_kunlun.ops.sampling.topk_topp import KunlunTopKTopPSampler
 
     return KunlunTopKTopPSampler
 
@@ -104,7 +104,7 @@ def _check_recovered(module: ModuleType, original: Any) -> str | None:
 
 
 def _make_recovered(original: Any) -> Any:
-    from vllm_kunlun.sample.rejection import sample_recovered_tokens
+    from vllm_kunlun.ops.sampling.rejection import sample_recovered_tokens
 
     return sample_recovered_tokens
 
@@ -122,7 +122,7 @@ def _check_rejection(module: ModuleType, original: Any) -> str | None:
 
 
 def _make_rejection(original: Any) -> Any:
-    from vllm_kunlun.sample.rejection import broadcasting_rejection_sample
+    from vllm_kunlun.ops.sampling.rejection import broadcasting_rejection_sample
 
     return broadcasting_rejection_sample(original)
 
@@ -152,7 +152,7 @@ def _check_kernel(kernel: str) -> Any:
 
 def _make_kernel(kernel: str) -> Any:
     def make(original: Any) -> Any:
-        from vllm_kunlun.sample.rejection import PORTABLE_KERNELS, GridKernel
+        from vllm_kunlun.ops.sampling.rejection import PORTABLE_KERNELS, GridKernel
 
         return GridKernel(original, PORTABLE_KERNELS[kernel])
 

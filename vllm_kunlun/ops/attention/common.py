@@ -63,7 +63,7 @@ class PluginAttentionBackend(AttentionBackend):
         # vLLM's base method also requires one of the literal BlockSize values, which
         # hybrid pages (48, 400, 544 tokens, ...) are not; what matters is whether the
         # model runner can split the page into this backend's kernel blocks.
-        from vllm_kunlun.attention.block_sizes import kernel_block_size
+        from vllm_kunlun.ops.attention.block_sizes import kernel_block_size
 
         return block_size is None or kernel_block_size(cls, block_size) is not None
 

@@ -26,15 +26,16 @@ from vllm.v1.attention.backend import (
 from vllm.v1.attention.backends.registry import AttentionBackendEnum
 from vllm.v1.attention.selector import AttentionSelectorConfig
 
-from vllm_kunlun import attention
-from vllm_kunlun.attention.kunlun import (
+from vllm_kunlun.ops import chooser, routes
+from vllm_kunlun.ops.attention import block_sizes
+from vllm_kunlun.ops.attention import select as attention
+from vllm_kunlun.ops.attention.kunlun import (
     BACKEND_PATH,
     KunlunAttentionBackend,
     KunlunAttentionImpl,
     build_metadata,
     kv_views,
 )
-from vllm_kunlun.ops import chooser, routes
 from vllm_kunlun.platforms.emulation import KunlunHostEmulationPlatform
 from vllm_kunlun.platforms.kunlun import KunlunPlatform
 
@@ -401,7 +402,9 @@ def test_kunlun_serves_every_hybrid_page_on_the_vendor_kernels(
     sel = selector(head_size=256, block_size=block_size)
     assert KunlunPlatform.get_attn_backend_cls(None, sel) == BACKEND_PATH
     # vLLM's model runner keeps the page as the kernel block (no split).
-    assert attention.kernel_block_size(KunlunAttentionBackend, block_size) == block_size
+    assert (
+        block_sizes.kernel_block_size(KunlunAttentionBackend, block_size) == block_size
+    )
 
 
 @pytest.mark.parametrize("block_size", [16, *HYBRID_PAGES])
@@ -462,13 +465,13 @@ def test_kernel_block_size_is_vllms_choice(declared: Any) -> None:
             expected = None
         if not declared():
             expected = block  # vLLM: an empty list supports every size
-        assert attention.kernel_block_size(Backend, block) == expected, block
+        assert block_sizes.kernel_block_size(Backend, block) == expected, block
 
 
 def test_portable_backend_runs_every_page_unsplit() -> None:
-    from vllm_kunlun.attention.backend import PortableAttentionBackend
+    from vllm_kunlun.ops.attention.backend import PortableAttentionBackend
 
     for block in [1, 8, 16, 48, 400, 544, 1000]:
         assert PortableAttentionBackend.supports_block_size(block)
-        assert attention.kernel_block_size(PortableAttentionBackend, block) == block
-    assert attention.block_size_reason(PortableAttentionBackend, 400) is None
+        assert block_sizes.kernel_block_size(PortableAttentionBackend, block) == block
+    assert block_sizes.block_size_reason(PortableAttentionBackend, 400) is None

@@ -19,7 +19,7 @@ import torch
 
 from vllm_kunlun.ops.sampling.noise import exponential_noise
 from vllm_kunlun.ops.sampling.recovered_tokens import recovered_tokens_reference
-from vllm_kunlun.sample.tp import broadcast_from_first_rank
+from vllm_kunlun.ops.sampling.tp import broadcast_from_first_rank
 
 
 def sample_recovered_tokens(

@@ -27,7 +27,7 @@ from vllm.v1.sample.ops.topk_topp_sampler import TopKTopPSampler
 from vllm_kunlun.ops.sampling import portable
 from vllm_kunlun.ops.sampling.noise import row_uniforms
 from vllm_kunlun.ops.sampling.seam import SamplingKernels, select_kernels
-from vllm_kunlun.sample.tp import broadcast_from_first_rank
+from vllm_kunlun.ops.sampling.tp import broadcast_from_first_rank
 
 _PROCESSED = ("processed_logits", "processed_logprobs")
 

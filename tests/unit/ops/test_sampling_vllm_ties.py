@@ -17,7 +17,7 @@ from vllm.platforms import current_platform  # noqa: F401  (resolves the platfor
 from vllm.v1.sample.ops import topk_topp_sampler as upstream
 
 from vllm_kunlun.ops.sampling import threshold
-from vllm_kunlun.sample.topk_topp import apply_top_k_top_p
+from vllm_kunlun.ops.sampling.topk_topp import apply_top_k_top_p
 
 NEG = float("-inf")
 

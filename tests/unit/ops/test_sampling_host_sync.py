@@ -26,7 +26,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from vllm_kunlun.ops.sampling import flashinfer_api, portable
-from vllm_kunlun.sample.topk_topp import KunlunTopKTopPSampler
+from vllm_kunlun.ops.sampling.topk_topp import KunlunTopKTopPSampler
 
 aten = torch.ops.aten
 DEVICE = torch.device("meta")

@@ -10,8 +10,8 @@ from vllm.v1.attention.backend import AttentionType
 from vllm.v1.attention.backends.registry import AttentionBackendEnum
 from vllm.v1.attention.selector import AttentionSelectorConfig
 
-from vllm_kunlun import attention
-from vllm_kunlun.attention.backend import (
+from vllm_kunlun.ops.attention import select as attention
+from vllm_kunlun.ops.attention.backend import (
     PortableAttentionBackend,
     PortableAttentionImpl,
 )

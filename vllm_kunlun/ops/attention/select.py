@@ -1,11 +1,12 @@
-"""The plugin's attention backends: portable paged attention (plain torch, any device,
-``backend.py``) and the Kunlun backend on the vendor kernels (``kunlun.py``).
+"""Selection of the plugin's attention backends: portable paged attention (plain
+torch, any device, ``backend.py``) and the Kunlun backend on the vendor kernels
+(``kunlun.py``).
 
 vLLM 0.15.1 selects out-of-tree attention backends by one name, ``CUSTOM``
 (``--attention-backend CUSTOM``), whose class path is looked up in a per-process
 override table. ``register()`` fills that entry with our backend; the plugin's platforms
 call it in every process, so the name resolves in the engine core and in each worker.
-Importing this package stays cheap: the backend module is loaded by vLLM on use.
+Importing this module stays cheap: the backend module is loaded by vLLM on use.
 
 Page sizes: vLLM's KV manager gives a hybrid model (attention beside GDN/Mamba layers)
 an attention page of whatever multiple of 16 tokens holds one recurrent state (48, 400,
@@ -21,23 +22,9 @@ from __future__ import annotations
 
 from typing import Any
 
-# Re-exported: the page and kernel-block arithmetic has its own module, which the
-# backends import without going through this package's selection code.
-from vllm_kunlun.attention.block_sizes import (
-    DEFAULT_BLOCK_SIZE,
-    block_size_reason,
-    describe_kernel_block_sizes,
-    kernel_block_size,
-)
+from vllm_kunlun.ops.attention.block_sizes import block_size_reason
 
-__all__ = [
-    "DEFAULT_BLOCK_SIZE",
-    "block_size_reason",
-    "describe_kernel_block_sizes",
-    "kernel_block_size",
-]
-
-PORTABLE_BACKEND_PATH = "vllm_kunlun.attention.backend.PortableAttentionBackend"
+PORTABLE_BACKEND_PATH = "vllm_kunlun.ops.attention.backend.PortableAttentionBackend"
 
 
 def _reasons(backend: Any, attn_selector_config: Any) -> list[str]:
@@ -123,7 +110,7 @@ def select_kunlun(attn_selector_config: Any) -> tuple[str | None, str]:
         fn, why = vendor.function(VENDOR_MODULE, name)
         if fn is None:
             return None, why
-    from vllm_kunlun.attention.kunlun import BACKEND_PATH
+    from vllm_kunlun.ops.attention.kunlun import BACKEND_PATH
 
     backend = resolve_obj_by_qualname(BACKEND_PATH)
     reasons = _reasons(backend, attn_selector_config)

@@ -42,19 +42,19 @@ from vllm.v1.attention.backend import (
 )
 from vllm.v1.attention.backends.utils import split_decodes_and_prefills
 
-from vllm_kunlun.attention.common import (
+from vllm_kunlun.logger import init_logger
+from vllm_kunlun.ops import chooser
+from vllm_kunlun.ops.attention import paged_vendor as ops
+from vllm_kunlun.ops.attention.common import (
     DecodesFirstMetadataBuilder,
     PluginAttentionBackend,
     PluginAttentionImpl,
 )
-from vllm_kunlun.logger import init_logger
-from vllm_kunlun.ops import chooser
-from vllm_kunlun.ops.attention import paged_vendor as ops
 from vllm_kunlun.ops.routes import Route
 
 logger = init_logger(__name__)
 
-BACKEND_PATH = "vllm_kunlun.attention.kunlun.KunlunAttentionBackend"
+BACKEND_PATH = "vllm_kunlun.ops.attention.kunlun.KunlunAttentionBackend"
 DISPLAY_NAME = "vllm-kunlun Kunlun attention (kunlun_ops kernels)"
 # The head sizes upstream's Kunlun paged attention lists as supported.
 SUPPORTED_HEAD_SIZES = [32, 64, 80, 96, 112, 120, 128, 192, 256, 512]

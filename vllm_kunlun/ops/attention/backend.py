@@ -22,13 +22,13 @@ from vllm.v1.attention.backend import (
 )
 from vllm.v1.attention.backends.utils import split_decodes_and_prefills
 
-from vllm_kunlun.attention.common import (
+from vllm_kunlun.logger import init_logger
+from vllm_kunlun.ops.attention import paged_portable as paged
+from vllm_kunlun.ops.attention.common import (
     DecodesFirstMetadataBuilder,
     PluginAttentionBackend,
     PluginAttentionImpl,
 )
-from vllm_kunlun.logger import init_logger
-from vllm_kunlun.ops.attention import paged_portable as paged
 
 logger = init_logger(__name__)
 
