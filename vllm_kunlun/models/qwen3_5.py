@@ -11,7 +11,7 @@ How: vLLM's Qwen3-Next blocks are reused where Qwen3.5 is the same:
 - ``Qwen3NextGatedDeltaNet``'s core: the ``vllm::gdn_attention_core`` op and its
   ``_forward_core`` (conv, gating, chunked prefill, recurrent decode, state I/O on
   vLLM's ``kv_cache`` views), whose kernels go through ``vllm_kunlun/ops/gdn/seam.py``
-  (runtime patches in ``vllm_kunlun/models/hybrid_layer_patches.py``);
+  (runtime patch in ``vllm_kunlun/ops/gdn/patches.py``);
 - the state shape/dtype/copy calculators and the GDN attention backend.
 What differs and lives here: separate ``in_proj_qkv`` / ``in_proj_z`` / ``in_proj_b`` /
 ``in_proj_a`` projections (Qwen3-Next groups them per key head), a dense MLP in every
@@ -29,7 +29,7 @@ Removal: when the validated vLLM ships a Qwen3.5 implementation that runs here.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from itertools import islice
 from typing import TYPE_CHECKING, Any
 
@@ -90,6 +90,7 @@ from vllm.sequence import IntermediateTensors
 from vllm.v1.kv_cache_interface import KVCacheSpec, MambaSpec
 
 from vllm_kunlun.logger import init_logger
+from vllm_kunlun.models.qwen3_5_config import num_spec, refuse_unsupported, text_config
 
 if TYPE_CHECKING:
     from vllm.multimodal.inputs import MultiModalFeatureSpec
@@ -112,95 +113,6 @@ _STACKED = (
     ("in_proj_ba", "in_proj_b", 0),
     ("in_proj_ba", "in_proj_a", 1),
 )
-
-
-def text_config(vllm_config: VllmConfig) -> Any:
-    """The text config: the checkpoint's own, or ``text_config`` of the composite."""
-    return vllm_config.model_config.hf_text_config
-
-
-def _refuse_unsupported(vllm_config: VllmConfig, moe: bool = False) -> None:
-    config = text_config(vllm_config)
-    experts = int(getattr(config, "num_experts", 0) or 0)
-    if bool(experts) != moe:
-        arch = vllm_config.model_config.architectures
-        raise ValueError(
-            f"config.json names {arch}, but its text config has num_experts="
-            f"{experts}: a {'Qwen3.5-MoE' if experts else 'dense Qwen3.5'} "
-            "checkpoint needs the architecture "
-            f"{'Qwen3_5MoeForConditionalGeneration (or ...ForCausalLM)' if experts else 'Qwen3_5ForConditionalGeneration (or ...ForCausalLM)'}"
-        )
-    if getattr(config, "attention_bias", False):
-        raise ValueError(
-            "this Qwen3.5 config sets attention_bias=true, which released Qwen3.5 "
-            "checkpoints do not use and vllm-kunlun does not implement"
-        )
-    _refuse_unsupported_speculation(vllm_config)
-    tp = vllm_config.parallel_config.tensor_parallel_size
-    for field in (
-        "num_attention_heads",
-        "linear_num_key_heads",
-        "linear_num_value_heads",
-    ):
-        heads = getattr(config, field)
-        if heads % tp:
-            raise ValueError(
-                f"this Qwen3.5 has {field}={heads}, which tensor parallel size {tp} "
-                "does not divide (each rank holds an equal share of the heads); use a "
-                "--tensor-parallel-size that divides "
-                f"{config.num_attention_heads}, {config.linear_num_key_heads} and "
-                f"{config.linear_num_value_heads}"
-            )
-    if moe:
-        _refuse_unsupported_moe(vllm_config, config, tp)
-    if vllm_config.cache_config.mamba_cache_mode == "all":
-        raise ValueError(
-            "Qwen3.5 supports prefix caching only in mamba_cache_mode='align'; use "
-            "--mamba-cache-mode align (the default with --enable-prefix-caching)"
-        )
-
-
-def num_spec(vllm_config: VllmConfig) -> int:
-    """Speculative tokens per step (0 without speculative decoding)."""
-    spec = vllm_config.speculative_config
-    return int(spec.num_speculative_tokens or 0) if spec is not None else 0
-
-
-def _refuse_unsupported_speculation(vllm_config: VllmConfig) -> None:
-    spec = vllm_config.speculative_config
-    if spec is None or spec.method == "mtp":
-        return
-    raise ValueError(
-        f"speculative method {spec.method!r} on Qwen3.5: vllm-kunlun serves Qwen3.5 "
-        "speculative decoding with its own multi-token-prediction head only; use "
-        '--speculative-config \'{"method": "mtp", "num_speculative_tokens": N}\''
-    )
-
-
-def _refuse_unsupported_moe(vllm_config: VllmConfig, config: Any, tp: int) -> None:
-    ep = bool(getattr(vllm_config.parallel_config, "enable_expert_parallel", False))
-    fields = ["shared_expert_intermediate_size"]
-    fields.append("num_experts" if ep else "moe_intermediate_size")
-    for field in fields:
-        value = int(getattr(config, field))
-        if value % tp:
-            how = (
-                "with --enable-expert-parallel each rank holds num_experts / TP whole "
-                "experts"
-                if field == "num_experts"
-                else "each rank holds an equal share of every expert's width"
-            )
-            raise ValueError(
-                f"this Qwen3.5-MoE has {field}={value}, which tensor parallel size "
-                f"{tp} does not divide ({how}); use a --tensor-parallel-size that "
-                "divides it"
-            )
-    if not 0 < int(config.num_experts_per_tok) <= int(config.num_experts):
-        raise ValueError(
-            f"this Qwen3.5-MoE config routes num_experts_per_tok="
-            f"{config.num_experts_per_tok} of num_experts={config.num_experts}; it "
-            "must be between 1 and num_experts"
-        )
 
 
 class Qwen3_5GatedDeltaNet(Qwen3NextGatedDeltaNet):
@@ -351,8 +263,22 @@ class Qwen3_5GatedDeltaNet(Qwen3NextGatedDeltaNet):
         output[:num_tokens], _ = self.out_proj(gated.reshape(num_tokens, -1))
 
 
+# Builds a layer's MLP from (vllm_config, prefix=...): the MoE models' sparse block.
+SparseBlock = Callable[..., nn.Module]
+
+
 class Qwen3_5DecoderLayer(nn.Module):
-    def __init__(self, vllm_config: VllmConfig, layer_type: str, prefix: str) -> None:
+    """One decoder layer: GDN or full attention, then the dense MLP, or the
+    ``sparse_block`` its caller passes when the config has experts (the MoE models of
+    ``qwen3_5_moe.py``; this module does not import them)."""
+
+    def __init__(
+        self,
+        vllm_config: VllmConfig,
+        layer_type: str,
+        prefix: str,
+        sparse_block: SparseBlock | None = None,
+    ) -> None:
         super().__init__()
         config = text_config(vllm_config)
         self.layer_type = layer_type
@@ -375,9 +301,12 @@ class Qwen3_5DecoderLayer(nn.Module):
             )
         self.mlp: nn.Module
         if getattr(config, "num_experts", 0):
-            from vllm_kunlun.models.qwen3_5_moe import Qwen3_5MoeSparseBlock
-
-            self.mlp = Qwen3_5MoeSparseBlock(vllm_config, prefix=f"{prefix}.mlp")
+            if sparse_block is None:
+                raise ValueError(
+                    "a Qwen3.5 config with num_experts needs the MoE model classes "
+                    "(models/qwen3_5_moe.py), which pass their sparse block here"
+                )
+            self.mlp = sparse_block(vllm_config, prefix=f"{prefix}.mlp")
         else:
             self.mlp = Qwen2MoeMLP(
                 hidden_size=config.hidden_size,
@@ -429,7 +358,13 @@ class Qwen3_5Model(nn.Module):
     checkpoint ties it to ``lm_head``), the final norm on the last; the stages pass
     ``hidden_states`` and ``residual`` on."""
 
-    def __init__(self, *, vllm_config: VllmConfig, prefix: str = "") -> None:
+    def __init__(
+        self,
+        *,
+        vllm_config: VllmConfig,
+        prefix: str = "",
+        sparse_block: SparseBlock | None = None,
+    ) -> None:
         super().__init__()
         config = text_config(vllm_config)
         self.config = config
@@ -445,7 +380,9 @@ class Qwen3_5Model(nn.Module):
 
         def layer(prefix: str) -> nn.Module:
             layer_type = config.layer_types[extract_layer_index(prefix)]
-            return Qwen3_5DecoderLayer(vllm_config, layer_type, prefix=prefix)
+            return Qwen3_5DecoderLayer(
+                vllm_config, layer_type, prefix=prefix, sparse_block=sparse_block
+            )
 
         self.start_layer, self.end_layer, self.layers = make_layers(
             config.num_hidden_layers, layer, prefix=f"{prefix}.layers"
@@ -584,12 +521,14 @@ class Qwen3_5ForCausalLM(
     }
     # Checkpoint prefix of the text model -> this module's.
     _text_prefix = "model."
-    # Whether this class serves the MoE members (qwen3_5_moe.py sets it).
+    # Whether this class serves the MoE members, and their sparse block (both set by
+    # qwen3_5_moe.py).
     moe = False
+    sparse_block: SparseBlock | None = None
 
     def __init__(self, *, vllm_config: VllmConfig, prefix: str = "") -> None:
         super().__init__()
-        _refuse_unsupported(vllm_config, self.moe)
+        refuse_unsupported(vllm_config, self.moe)
         from vllm_kunlun.patching.phases import Phase, apply_phase
 
         # The GDN kernels and the hybrid-state fixes must be in place in the process
@@ -599,7 +538,9 @@ class Qwen3_5ForCausalLM(
         self.config = config
         self.vllm_config = vllm_config
         self.model = Qwen3_5Model(
-            vllm_config=vllm_config, prefix=maybe_prefix(prefix, "model")
+            vllm_config=vllm_config,
+            prefix=maybe_prefix(prefix, "model"),
+            sparse_block=self.sparse_block,
         )
         self.lm_head: nn.Module
         if get_pp_group().is_last_rank:

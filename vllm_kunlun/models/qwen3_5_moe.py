@@ -49,11 +49,8 @@ from vllm.model_executor.models.utils import is_pp_missing_parameter
 from vllm.model_executor.utils import set_weight_attrs
 
 from vllm_kunlun.logger import init_logger
-from vllm_kunlun.models.qwen3_5 import (
-    Qwen3_5ForCausalLM,
-    TextWeightLoading,
-    text_config,
-)
+from vllm_kunlun.models.qwen3_5 import Qwen3_5ForCausalLM, TextWeightLoading
+from vllm_kunlun.models.qwen3_5_config import text_config
 from vllm_kunlun.ops.moe.seam import moe_forward, register_op
 
 logger = init_logger(__name__)
@@ -410,6 +407,7 @@ class Qwen3_5MoeForCausalLM(MoeWeightLoading, Qwen3_5ForCausalLM):
     """``Qwen3_5MoeForCausalLM`` checkpoints: weights ``model.*`` and ``lm_head.*``."""
 
     moe = True
+    sparse_block = Qwen3_5MoeSparseBlock
 
 
 class Qwen3_5MoeForConditionalGeneration(Qwen3_5MoeForCausalLM):

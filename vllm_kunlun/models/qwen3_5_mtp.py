@@ -48,12 +48,9 @@ from vllm.model_executor.layers.vocab_parallel_embedding import (
 from vllm.model_executor.models.utils import maybe_prefix
 from vllm.sequence import IntermediateTensors
 
-from vllm_kunlun.models.qwen3_5 import (
-    Qwen3_5DecoderLayer,
-    TextWeightLoading,
-    text_config,
-)
-from vllm_kunlun.models.qwen3_5_moe import MoeWeightLoading
+from vllm_kunlun.models.qwen3_5 import Qwen3_5DecoderLayer, TextWeightLoading
+from vllm_kunlun.models.qwen3_5_config import text_config
+from vllm_kunlun.models.qwen3_5_moe import MoeWeightLoading, Qwen3_5MoeSparseBlock
 
 _LAYER = re.compile(r"^mtp\.layers\.(?P<index>\d+)\.(?P<rest>.*)$")
 # Where the text model's embedding lives in each checkpoint layout.
@@ -91,7 +88,10 @@ class Qwen3_5MultiTokenPredictor(nn.Module):
         first = int(config.num_hidden_layers)
         self.layers = nn.ModuleList(
             Qwen3_5DecoderLayer(
-                vllm_config, "full_attention", prefix=f"{prefix}.layers.{first + i}"
+                vllm_config,
+                "full_attention",
+                prefix=f"{prefix}.layers.{first + i}",
+                sparse_block=Qwen3_5MoeSparseBlock,
             )
             for i in range(self.num_mtp_layers)
         )

@@ -78,15 +78,15 @@ def _qwen3_5_config(tp: int, **heads: int) -> SimpleNamespace:
 
 @pytest.mark.parametrize("tp", [1, 2, 4, 8])
 def test_qwen3_5_heads_the_log_shards_pass(tp: int) -> None:
-    from vllm_kunlun.models.qwen3_5 import _refuse_unsupported
+    from vllm_kunlun.models.qwen3_5_config import refuse_unsupported
 
-    _refuse_unsupported(_qwen3_5_config(tp))  # type: ignore[arg-type]
+    refuse_unsupported(_qwen3_5_config(tp))  # type: ignore[arg-type]
 
 
 def test_qwen3_5_heads_a_tp_size_cannot_shard_are_refused_by_name() -> None:
-    from vllm_kunlun.models.qwen3_5 import _refuse_unsupported
+    from vllm_kunlun.models.qwen3_5_config import refuse_unsupported
 
     with pytest.raises(ValueError, match="linear_num_key_heads=2, which tensor "):
-        _refuse_unsupported(
+        refuse_unsupported(
             _qwen3_5_config(4, num_attention_heads=4, linear_num_key_heads=2)  # type: ignore[arg-type]
         )

@@ -81,7 +81,7 @@ def test_revert_restores_vllm(applied: None) -> None:
 def test_other_speculative_methods_on_qwen3_5_are_refused_naming_mtp() -> None:
     from types import SimpleNamespace
 
-    from vllm_kunlun.models.qwen3_5 import _refuse_unsupported_speculation
+    from vllm_kunlun.models.qwen3_5_config import _refuse_unsupported_speculation
 
     for method in ("ngram", "draft_model", "eagle"):
         config = SimpleNamespace(speculative_config=SimpleNamespace(method=method))
