@@ -1,4 +1,4 @@
-"""Check 6: ``--model``. A shorthand that looks local but does not exist
+"""The doctor's ``model_path`` check: ``--model``. A shorthand that looks local but does not exist
 (``models/Qwen3.8`` for ``models/Qwen3.8-27B-W8A8-INT8-Dynamic``) makes vLLM treat it as
 a Hugging Face Hub id: ``snapshot_download`` and an ``HFValidationError`` (or a network
 timeout on an offline host) instead of "no such directory". The same function backs the

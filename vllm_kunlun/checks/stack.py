@@ -1,4 +1,4 @@
-"""Check 2: the installed stack against the validated combination (vllm_kunlun.versions,
+"""The doctor's ``stack_versions`` check: the installed stack against the validated combination (vllm_kunlun.versions,
 the one table the README, the doctor and the engine guard share)."""
 
 from __future__ import annotations

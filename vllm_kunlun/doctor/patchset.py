@@ -1,4 +1,4 @@
-"""Check 5: the patch_torch251 file patch set for the installed vLLM / torch pair.
+"""The doctor's ``patchset`` check: the patch_torch251 file patch set for the installed vLLM / torch pair.
 
 The log's verification after the rollback was "patch_torch251: 11 applied | 0 failed";
 here the patch engine (vllm_kunlun.file_patches.engine) reports each patch of the set as

@@ -1,4 +1,4 @@
-"""Check 8: is the installed ``vllm_kunlun`` the code in this source checkout?
+"""The doctor's ``source_sync`` check: is the installed ``vllm_kunlun`` the code in this source checkout?
 
 In the deployment the sampler fix had to be copied by hand into both the container's
 site-packages and the repository, and a stale copy is invisible until behaviour differs.

@@ -1,4 +1,4 @@
-"""Check 3: the transformers attributes vLLM 0.15.1 reads, checked by behaviour.
+"""The doctor's ``transformers_compat`` check: the transformers attributes vLLM 0.15.1 reads, checked by behaviour.
 
 vLLM 0.15.1's Qwen2-VL family (qwen2_vl.py, also used by Qwen2.5-VL and Qwen3-VL
 processing) reads ``image_processor.min_pixels`` / ``.max_pixels`` and

@@ -1,4 +1,4 @@
-"""Check 4: the vendor op API contract (ops/contract.py) against the installed vendor
+"""The doctor's ``vendor_contract`` check: the vendor op API contract (ops/contract.py) against the installed vendor
 libraries' real signatures.
 
 The deployment log's "11 missing ops, 3 keyword mismatches" (docs/deployment-log.md, D9) (kunlun_ops 0.1.58 under a

@@ -24,18 +24,20 @@ import os
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from vllm_kunlun.checks.budget import (
-    CONFIG_RANGE_FIX,
+from vllm_kunlun.checks.budget import to_finding
+from vllm_kunlun.checks.config_file import ConfigRangeError
+from vllm_kunlun.checks.memory_budget import (
     DEFAULT_RESERVE_GIB,
     P800_MEMORY_BYTES,
     Budget,
+    estimate,
+)
+from vllm_kunlun.checks.model_shape import (
+    CONFIG_RANGE_FIX,
     ModelShape,
     check_config_ranges,
-    estimate,
-    to_finding,
     weights_bytes_per_card,
 )
-from vllm_kunlun.checks.config_file import ConfigRangeError
 from vllm_kunlun.checks.stack import stack_status
 from vllm_kunlun.logger import init_logger
 from vllm_kunlun.versions import installed_version

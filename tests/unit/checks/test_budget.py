@@ -16,13 +16,10 @@ from pathlib import Path
 
 import pytest
 
-from vllm_kunlun.checks.budget import (
-    ModelShape,
-    check_config_ranges,
-    check_kv_budget,
-)
+from vllm_kunlun.checks.budget import check_kv_budget
 from vllm_kunlun.checks.config_file import ConfigRangeError
 from vllm_kunlun.checks.finding import Context
+from vllm_kunlun.checks.model_shape import ModelShape, check_config_ranges
 
 GIB = 1 << 30
 P800 = 96 * GIB  # 103.1 GB
@@ -304,8 +301,8 @@ def test_unreadable_config_is_a_skip_naming_the_file(tmp_path: Path) -> None:
 
 
 # ---- which backend serves the page ----------------------------------------------
-KUNLUN = "vllm_kunlun.attention.kunlun.KunlunAttentionBackend"
-PORTABLE = "vllm_kunlun.attention.backend.PortableAttentionBackend"
+KUNLUN = "vllm_kunlun.ops.attention.kunlun.KunlunAttentionBackend"
+PORTABLE = "vllm_kunlun.ops.attention.backend.PortableAttentionBackend"
 
 
 @pytest.fixture

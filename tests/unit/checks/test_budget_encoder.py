@@ -7,8 +7,9 @@ import json
 import re
 from pathlib import Path
 
-from vllm_kunlun.checks.budget import GIB, check_kv_budget
+from vllm_kunlun.checks.budget import check_kv_budget
 from vllm_kunlun.checks.finding import Context
+from vllm_kunlun.checks.model_shape import GIB
 from vllm_kunlun.checks.weights import QWEN3_5_27B
 
 P800 = 96 * GIB

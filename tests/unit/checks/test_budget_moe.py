@@ -15,8 +15,10 @@ from typing import Any
 import pytest
 
 from tests.unit.checks.qwen3_5_moe_configs import CONFIGS, PUBLISHED_TOTAL_PARAMS, w8a8
-from vllm_kunlun.checks.budget import ModelShape, check_kv_budget, estimate
+from vllm_kunlun.checks.budget import check_kv_budget
 from vllm_kunlun.checks.finding import Context, Finding
+from vllm_kunlun.checks.memory_budget import estimate
+from vllm_kunlun.checks.model_shape import ModelShape
 from vllm_kunlun.checks.moe_params import estimate_moe_weights, moe_tensors
 
 GIB = 1 << 30

@@ -14,7 +14,8 @@ import dataclasses
 from pathlib import Path
 
 from tests.unit.checks.test_budget import FLAT, NESTED, P800, _check, _model_dir
-from vllm_kunlun.checks.budget import ModelShape, estimate
+from vllm_kunlun.checks.memory_budget import estimate
+from vllm_kunlun.checks.model_shape import ModelShape
 
 WITH_MTP = {
     **NESTED,
