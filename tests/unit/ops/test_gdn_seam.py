@@ -188,6 +188,59 @@ def test_dispatch_binds_vllms_signature_and_runs_portable() -> None:
     assert route.__wrapped__ is qwen3_next.fused_recurrent_gated_delta_rule
 
 
+@pytest.mark.parametrize(
+    "op", ["fused_gdn_gating", "causal_conv1d_update", "chunk_gated_delta_rule"]
+)
+def test_call_arguments_map_as_python_binds_them(op: str) -> None:
+    """The seam reads vLLM's signature once; each call maps to the same names and
+    defaults that ``inspect.Signature.bind`` + ``apply_defaults`` give."""
+    import inspect
+
+    fn = getattr(qwen3_next, op)
+    signature = inspect.signature(fn)
+    names = list(signature.parameters)
+    arguments_of = gdn._arguments_of(fn)
+    required = [
+        n
+        for n, p in signature.parameters.items()
+        if p.default is inspect.Parameter.empty
+    ]
+    values = [object() for _ in names]
+    k = max(len(required), 3)
+    calls = [
+        (tuple(values[: len(required)]), {}),
+        ((), dict(zip(names, values, strict=True))),
+        (tuple(values[:1]), dict(zip(names[1:k], values[1:k], strict=True))),
+    ]
+    for args, kwargs in calls:
+        bound = signature.bind(*args, **kwargs)
+        bound.apply_defaults()
+        assert arguments_of(args, kwargs) == dict(bound.arguments)
+    with pytest.raises(TypeError, match="multiple values"):
+        arguments_of(tuple(values[:1]), {names[0]: values[0]})
+    with pytest.raises(TypeError, match="unexpected keyword"):
+        arguments_of(tuple(values[: len(required)]), {"no_such_argument": 1})
+    if len(required) > 1:
+        with pytest.raises(TypeError, match="missing"):
+            arguments_of(tuple(values[:1]), {})
+
+
+def test_the_vendor_path_calls_the_handle_the_chooser_loaded(
+    fake_ops: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("VLLM_KUNLUN_GDN", "vendor")
+    choice = gdn.choose("fused_recurrent_gated_delta_rule", CPU)
+    assert choice.name == "vendor" and callable(choice.vendor)
+    loads: list[str] = []
+    monkeypatch.setattr(gdn, "vendor_function", lambda op: loads.append(op))
+    route = gdn.dispatcher(
+        "fused_recurrent_gated_delta_rule", qwen3_next.fused_recurrent_gated_delta_rule
+    )
+    x = _decode_inputs(seed=2)
+    _recurrent(route, x, x["pool"].clone())
+    assert loads == []  # the handle from the choice, not a second lookup
+
+
 def test_vendor_decode_kernel_gets_the_declared_call_and_its_result_is_used(
     fake_ops: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -54,7 +54,7 @@ MAMBA_UTILS = "vllm.v1.worker.mamba_utils"
 
 # ---- kunlun_gdn_kernels -------------------------------------------------------------------
 
-# vLLM 0.15.1's signatures of the five kernels (the dispatcher binds to them).
+# vLLM 0.15.1's signatures of the five kernels (the seam maps each call onto them).
 _KERNEL_PARAMS = {
     "fused_gdn_gating": ("A_log", "a", "b", "dt_bias", "beta", "threshold"),
     "causal_conv1d_fn": (

@@ -59,9 +59,12 @@ VENDOR_FUNCTIONS = {
 
 @dataclass(frozen=True)
 class GdnChoice:
+    """One op's path on one device, why, and the vendor handle the chooser loaded."""
+
     op: str
     name: str
     reason: str
+    vendor: Callable[..., Any] | None = None
 
 
 _CHOICES: dict[tuple[str, str], GdnChoice] = {}
@@ -110,7 +113,7 @@ def choose(op: str, device: torch.device) -> GdnChoice:
         triton=lambda: _triton(op),
         op=op,
     )
-    _CHOICES[key] = GdnChoice(op, choice.name, choice.reason)
+    _CHOICES[key] = GdnChoice(op, choice.name, choice.reason, choice.vendor)
     return _CHOICES[key]
 
 
@@ -130,23 +133,61 @@ def _device_of(arguments: dict[str, Any]) -> torch.device:
     return torch.device("cpu")
 
 
+def _arguments_of(fn: Callable[..., Any]) -> Callable[..., dict[str, Any]]:
+    """A function mapping one call's ``(args, kwargs)`` to ``fn``'s parameters by name,
+    defaults filled in. The signature is read here, once: a GDN kernel is called several
+    times per layer and step, too often to bind ``inspect.Signature`` on every call."""
+    signature = inspect.signature(fn)
+    params = list(signature.parameters.values())
+    kinds = {p.kind for p in params}
+    if kinds - {
+        inspect.Parameter.POSITIONAL_OR_KEYWORD,
+        inspect.Parameter.KEYWORD_ONLY,
+    }:
+        raise TypeError(
+            f"vllm-kunlun: the GDN seam maps named parameters only; {fn.__name__} "
+            f"takes {signature} (a vLLM this plugin was not written for)"
+        )
+    positional = [
+        p.name for p in params if p.kind == inspect.Parameter.POSITIONAL_OR_KEYWORD
+    ]
+    defaults = {p.name: p.default for p in params if p.default is not p.empty}
+    names = {p.name for p in params}
+    required = names - set(defaults)
+
+    def arguments(args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
+        given = positional[: len(args)]
+        if (
+            len(args) > len(positional)
+            or not names.issuperset(kwargs)
+            or not kwargs.keys().isdisjoint(given)
+        ):
+            signature.bind(*args, **kwargs)  # raises the TypeError Python would
+        out = {**defaults, **dict(zip(given, args, strict=True)), **kwargs}
+        if not required.issubset(out):
+            signature.bind(*args, **kwargs)
+        return out
+
+    return arguments
+
+
 def dispatcher(op: str, triton_fn: Callable[..., Any]) -> Callable[..., Any]:
     """A drop-in for vLLM's ``op`` (same signature) that routes every call."""
-    signature = inspect.signature(triton_fn)
+    arguments_of = _arguments_of(triton_fn)
     portable_impl = _PORTABLE[op]
     vendor_impl = _VENDOR.get(op)
 
     def route(*args: Any, **kwargs: Any) -> Any:
-        bound = signature.bind(*args, **kwargs)
-        bound.apply_defaults()
-        arguments = dict(bound.arguments)
+        arguments = arguments_of(args, kwargs)
         device = _device_of(arguments)
         choice = choose(op, device)
         if choice.name == VENDOR and vendor_impl is not None:
-            fn, why = vendor_function(op)
-            if fn is None:  # the choice was made while it was importable
-                raise RuntimeError(f"vllm-kunlun: GDN vendor kernel for {op}: {why}")
-            return vendor_impl(fn, arguments)
+            if choice.vendor is None:  # a chooser contract violation, not a user error
+                raise RuntimeError(
+                    f"vllm-kunlun: GDN chose the vendor kernel for {op} without its "
+                    "handle"
+                )
+            return vendor_impl(choice.vendor, arguments)
         if choice.name == TRITON:
             try:
                 return triton_fn(*args, **kwargs)
