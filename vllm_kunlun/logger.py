@@ -1,8 +1,8 @@
 """Loggers for the plugin, inside vLLM's logger tree.
 
 vLLM configures handlers, level and format (VLLM_LOGGING_LEVEL, VLLM_LOGGING_CONFIG_PATH)
-for the ``vllm`` logger only; a logger named ``vllm_kunlun.x`` would print nothing below
-WARNING. Naming ours ``vllm.vllm_kunlun.x`` makes them follow the user's vLLM logging
+for the ``vllm`` logger only; a logger named ``vllm_kunlun.ops`` would print nothing below
+WARNING. Naming ours ``vllm.vllm_kunlun.ops`` makes them follow the user's vLLM logging
 settings, with vLLM's ``*_once`` helpers.
 """
 

@@ -165,3 +165,65 @@ def test_every_file_the_code_and_docs_cite_is_in_the_repository() -> None:
                 missing.append(f"{rel}: {cited}")
     assert outside == []
     assert missing == []
+
+
+_PACKAGES = sorted(p.name for p in PACKAGE.iterdir() if (p / "__init__.py").is_file())
+# A path inside the package, named from the repository root or from the package
+# (``ops/int8/seam.py``), not as the tail of a longer path (``vllm/attention/layer.py``).
+_PACKAGE_PATH = re.compile(
+    r"(?<![\w/.-])((?:vllm_kunlun|" + "|".join(_PACKAGES) + r")/[\w/]*\w\.py)\b"
+)
+_DOTTED = re.compile(r"(?<![\w.])vllm_kunlun((?:\.\w+)+)")
+
+
+def _is_module(parts: list[str]) -> bool:
+    path = PACKAGE.joinpath(*parts)
+    if path.with_suffix(".py").is_file() or (path / "__init__.py").is_file():
+        return True
+    return any(path.parent.glob(f"{path.name}.*.so"))  # the native extension
+
+
+def test_every_plugin_module_the_code_and_docs_name_exists() -> None:
+    """Moved or renamed modules are cited by their new names: each package path
+    (``ops/gdn/patches.py``, ``vllm_kunlun/checks/budget.py``) and each dotted module
+    name (``vllm_kunlun.ops.sampling.rejection``, a trailing attribute allowed) in the
+    package, the tests, the benchmarks, the scripts, the docs or the README exists."""
+    sources = [REPO / "README.md", *(REPO / "docs").glob("*.md")]
+    for top in ("vllm_kunlun", "tests", "benchmarks", "scripts"):
+        sources += [p for p in (REPO / top).rglob("*") if p.suffix in {".py", ".sh"}]
+    entry_names = set(dir(__import__("vllm_kunlun")))
+    stale = []
+    for path in sources:
+        text = path.read_text()
+        rel = path.relative_to(REPO)
+        for m in _PACKAGE_PATH.finditer(text):
+            cited = m.group(1).removeprefix("vllm_kunlun/")
+            if Path(cited).name.startswith("modeling_"):
+                continue  # transformers' models/<family>/modeling_<family>.py
+            if not (PACKAGE / cited).is_file():
+                stale.append(f"{rel}: {m.group(1)}")
+        for m in _DOTTED.finditer(text):
+            parts = m.group(1).lstrip(".").split(".")
+            known = 0
+            while known < len(parts) and _is_module(parts[: known + 1]):
+                known += 1
+            if known == 0 and parts[0].islower() and parts[0] not in entry_names:
+                stale.append(f"{rel}: vllm_kunlun.{'.'.join(parts)}")
+            elif (
+                0 < known < len(parts) - 1
+                and parts[known].islower()
+                and PACKAGE.joinpath(*parts[:known]).is_dir()
+            ):  # a submodule that is not there, followed by more names
+                stale.append(f"{rel}: vllm_kunlun.{'.'.join(parts)}")
+    assert stale == [], "\n".join(stale)
+
+
+def test_no_module_opens_with_a_check_number() -> None:
+    """The doctor's checks are named (``doctor/checks.py``'s list), not numbered: a
+    number goes stale when the list changes."""
+    numbered = [
+        str(p.relative_to(REPO))
+        for p in PACKAGE.rglob("*.py")
+        if re.match(r'\s*(?:"""|\'\'\')\s*Check \d+', p.read_text())
+    ]
+    assert numbered == []

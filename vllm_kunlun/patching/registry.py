@@ -2,7 +2,7 @@
 
 A runtime patch changes a live object (a module attribute, a class, a torch table) in
 the process that runs it, never a file. The implementations live next to what they
-serve (``sample/``, ``models/``, ``guards/`` ...); this table is the one list of them:
+serve (``ops/<family>/``, ``models/``, ``guards/`` ...); this table is the one list of them:
 ``vllm-kunlun patch status`` and the doctor print it beside the file patch set, a test
 fails when a patch object exists that is not declared here (or the other way round),
 and ``phases.apply_phase`` applies each entry at the phases it names, through the

@@ -1,4 +1,4 @@
-"""vLLM attention backend over ``paged.py``: portable paged attention in plain torch.
+"""vLLM attention backend over ``paged_portable.py``: portable paged attention in plain torch.
 
 Why: host emulation has no usable attention backend (vLLM's CPU_ATTN needs ``vllm._C``),
 and a CUDA-compatible device without vendor kernels needs one that runs anywhere. This
@@ -88,7 +88,7 @@ class PortableAttentionMetadataBuilder(
 class PortableAttentionBackend(PluginAttentionBackend):
     @staticmethod
     def get_supported_kernel_block_sizes() -> list[int | MultipleOf]:
-        # Pages are indexed by slot arithmetic (paged.py): every block size works, so
+        # Pages are indexed by slot arithmetic (paged_portable.py): every block size works, so
         # a hybrid's page is the kernel block, never split.
         return [MultipleOf(1)]
 

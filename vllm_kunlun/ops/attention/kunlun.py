@@ -3,7 +3,7 @@
 Why: vLLM's Triton backend, the fallback default on Kunlun, depends on the vendor's
 Triton build compiling vLLM 0.15.1's kernels; the vendor library ships paged attention
 kernels of its own (the ones upstream serves P800 with). This backend is the default on
-a Kunlun host when ``kunlun_ops`` has them (``platform.py``).
+a Kunlun host when ``kunlun_ops`` has them (``platforms/kunlun.py``).
 
 How: the KV cache of a layer is ``[2, num_blocks, num_kv_heads, block_size,
 head_size]`` (BHLD halves, the kernels' layout). vLLM orders decodes first (reorder

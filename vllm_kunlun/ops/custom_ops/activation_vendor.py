@@ -2,7 +2,7 @@
 
 Why: every MLP of a Qwen/Llama-style model computes ``silu(x[..., :d]) * x[..., d:]``
 on the gate_up projection; vLLM's native path is three torch kernels and a temporary,
-the vendor library does it in one. ``ops/custom_ops/custom_ops/activation_vendor.py`` calls this wrapper
+the vendor library does it in one. ``ops/custom_ops/activation_vendor.py`` calls this wrapper
 and falls back to vLLM's native path when it raises ``Refused``.
 
 Assumes ``kunlun_ops.silu_and_mul(x, axis=-1, turn=True, out=out)`` (upstream's form)

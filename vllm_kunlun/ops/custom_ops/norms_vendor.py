@@ -2,7 +2,7 @@
 
 Why: vLLM's native RMSNorm is five small torch kernels per call (and ten with the
 residual add); the vendor library has one fused kernel for each form. The CustomOps in
-``ops/custom_ops/custom_ops/norms_vendor.py`` call these wrappers and fall back to vLLM's native path when
+``ops/custom_ops/norms_vendor.py`` call these wrappers and fall back to vLLM's native path when
 one raises ``Refused``.
 
 The call forms are upstream's (facts in ``docs/vendor-calls.md``);

@@ -2,7 +2,7 @@
 
 Why: vLLM's native rotary path gathers cos/sin, splits, rotates and concatenates (about
 a dozen small torch kernels per layer); the vendor library rotates query and key in
-place in one call. ``ops/custom_ops/custom_ops/rotary_vendor.py`` calls these wrappers and falls back to
+place in one call. ``ops/custom_ops/rotary_vendor.py`` calls these wrappers and falls back to
 vLLM's native path when one raises ``Refused``.
 
 Assumptions, the same as vLLM's own ``_C.rotary_embedding`` (which upstream's calls

@@ -11,7 +11,7 @@ weight, times the static zero point) is precomputed for asymmetric activations. 
 forward is one call of ``torch.ops.vllm_kunlun.int8_scaled_mm`` (``ops/int8/seam.py``:
 vendor kernels on Kunlun, portable torch elsewhere).
 Registered by the runtime patch ``kunlun_int8_scaled_mm_kernel``
-(``quantization/int8_kernel_table_patch.py``). Removal: when vLLM selects a working
+(``ops/int8/int8_kernel_table_patch.py``). Removal: when vLLM selects a working
 int8 kernel for out-of-tree platforms itself.
 """
 
