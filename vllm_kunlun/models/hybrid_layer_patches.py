@@ -65,7 +65,7 @@ from vllm_kunlun.logger import init_logger
 from vllm_kunlun.patching.attribute import (
     AttributePatch,
     apply_group,
-    expect_call,
+    expect_caller,
     expect_params,
 )
 
@@ -88,18 +88,12 @@ _BUILD_PARAMS = (
 def _check_builder(module: ModuleType, original: Any) -> str | None:
     if not isinstance(original, type):
         return f"{GDN_ATTN}.GDNAttentionMetadataBuilder is not a class"
-    problem = expect_params(
+    return expect_params(
         getattr(original, "build", None),
         "GDNAttentionMetadataBuilder.build",
         _BUILD_PARAMS,
-    )
-    if problem:
-        return problem
-    backend = getattr(module, "GDNAttentionBackend", None)
-    return expect_call(
-        getattr(backend, "get_builder_cls", None),
-        "GDNAttentionBackend.get_builder_cls",
-        "GDNAttentionMetadataBuilder",
+    ) or expect_caller(
+        module, "GDNAttentionBackend.get_builder_cls", "GDNAttentionMetadataBuilder"
     )
 
 
@@ -249,18 +243,14 @@ GPU_RUNNER = "vllm.v1.worker.gpu_model_runner"
 
 
 def _check_drafts(module: ModuleType, original: Any) -> str | None:
-    problem = expect_params(original, "GPUModelRunner.take_draft_token_ids", ("self",))
-    if problem:
-        return problem
-    runner = getattr(module, "GPUModelRunner", None)
-    return expect_call(
-        getattr(runner, "_prepare_inputs", None),
-        "GPUModelRunner._prepare_inputs",
-        "discard_request_mask",
-    ) or expect_call(
-        getattr(runner, "_get_draft_token_ids_cpu", None),
-        "GPUModelRunner._get_draft_token_ids_cpu",
-        "draft_token_ids_cpu",
+    return (
+        expect_params(original, "GPUModelRunner.take_draft_token_ids", ("self",))
+        or expect_caller(
+            module, "GPUModelRunner._prepare_inputs", "discard_request_mask"
+        )
+        or expect_caller(
+            module, "GPUModelRunner._get_draft_token_ids_cpu", "draft_token_ids_cpu"
+        )
     )
 
 

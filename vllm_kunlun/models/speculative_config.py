@@ -33,7 +33,7 @@ from vllm_kunlun.patching.attribute import (
     AttributePatch,
     PatchMismatch,
     apply_group,
-    expect_call,
+    expect_caller,
     expect_params,
 )
 
@@ -78,17 +78,9 @@ def draft_override(hf_config: Any) -> Any:
 
 
 def _check_override(module: ModuleType, original: Any) -> str | None:
-    problem = expect_params(
+    return expect_params(
         original, "SpeculativeConfig.hf_config_override", ("hf_config",)
-    )
-    if problem:
-        return problem
-    cls = getattr(module, "SpeculativeConfig", None)
-    return expect_call(
-        getattr(cls, "__post_init__", None),
-        "SpeculativeConfig.__post_init__",
-        "SpeculativeConfig",
-    )
+    ) or expect_caller(module, "SpeculativeConfig.__post_init__", "SpeculativeConfig")
 
 
 def hf_config_override(hf_config: Any) -> Any:
@@ -111,12 +103,7 @@ def _check_types(module: ModuleType, original: Any) -> str | None:
     names = get_args(original)
     if "mtp" not in names:
         return f"MTPModelTypes is not a Literal of MTP names (found {names!r})"
-    cls = getattr(module, "SpeculativeConfig", None)
-    return expect_call(
-        getattr(cls, "__post_init__", None),
-        "SpeculativeConfig.__post_init__",
-        "MTPModelTypes",
-    )
+    return expect_caller(module, "SpeculativeConfig.__post_init__", "MTPModelTypes")
 
 
 def _make_types(original: Any) -> Any:

@@ -196,6 +196,13 @@ def expect_params(fn: Any, what: str, expected: tuple[str, ...]) -> str | None:
     return None
 
 
+def expect_caller(module: ModuleType, caller: str, name: str) -> str | None:
+    """``caller``, a function or ``Class.method`` of ``module``, still calls ``name`` by
+    its module-level name (the patch replaces that name, so the call must look it up)."""
+    found = _lookup(module, caller)
+    return expect_call(None if found is _MISSING else found, caller, name)
+
+
 def expect_call(fn: Any, what: str, name: str) -> str | None:
     """``fn`` (or what it wraps: another patch may have wrapped it) calls ``name``."""
     if fn is not None:

@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from vllm_kunlun.patching.attribute import AttributePatch, expect_call, expect_params
+from vllm_kunlun.patching.attribute import AttributePatch, expect_caller, expect_params
 
 NAME = "kunlun_weak_ref_tensor"
 MODULE = "vllm.utils.torch_utils"
@@ -39,14 +39,9 @@ def weak_ref_tensor(tensor: Any) -> Any:
 
 
 def _check(module: ModuleType, original: Any) -> str | None:
-    problem = expect_params(original, f"{MODULE}.weak_ref_tensor", ("tensor",))
-    if problem:
-        return problem
-    return expect_call(
-        getattr(module, "weak_ref_tensors", None),
-        f"{MODULE}.weak_ref_tensors",
-        "weak_ref_tensor",
-    )
+    return expect_params(
+        original, f"{MODULE}.weak_ref_tensor", ("tensor",)
+    ) or expect_caller(module, "weak_ref_tensors", "weak_ref_tensor")
 
 
 PATCH = AttributePatch(

@@ -26,7 +26,7 @@ from vllm_kunlun import envs
 from vllm_kunlun.logger import init_logger
 from vllm_kunlun.patching.attribute import (
     AttributePatch,
-    expect_call,
+    expect_caller,
     expect_params,
     platform_resolved,
 )
@@ -37,16 +37,9 @@ RAY_UTILS = "vllm.v1.executor.ray_utils"
 
 
 def _check(module: ModuleType, original: Any) -> str | None:
-    problem = expect_params(
+    return expect_params(
         original, "_wait_until_pg_ready", ("current_placement_group",)
-    )
-    if problem:
-        return problem
-    return expect_call(
-        getattr(module, "initialize_ray_cluster", None),
-        "initialize_ray_cluster",
-        "_wait_until_pg_ready",
-    )
+    ) or expect_caller(module, "initialize_ray_cluster", "_wait_until_pg_ready")
 
 
 def ask_summary(bundles: Sequence[Mapping[str, float]]) -> str:

@@ -43,7 +43,7 @@ from vllm_kunlun.logger import init_logger
 from vllm_kunlun.patching.attribute import (
     AttributePatch,
     apply_group,
-    expect_call,
+    expect_caller,
     expect_params,
 )
 
@@ -122,15 +122,9 @@ _KERNEL_PARAMS = {
 
 def _check_kernel(op: str) -> Callable[[ModuleType, Any], str | None]:
     def check(module: ModuleType, original: Any) -> str | None:
-        problem = expect_params(original, f"qwen3_next.{op}", _KERNEL_PARAMS[op])
-        if problem:
-            return problem
-        layer = getattr(module, "Qwen3NextGatedDeltaNet", None)
-        return expect_call(
-            getattr(layer, "_forward_core", None),
-            "Qwen3NextGatedDeltaNet._forward_core",
-            op,
-        )
+        return expect_params(
+            original, f"qwen3_next.{op}", _KERNEL_PARAMS[op]
+        ) or expect_caller(module, "Qwen3NextGatedDeltaNet._forward_core", op)
 
     return check
 
@@ -170,16 +164,12 @@ _DO_PARAMS = ("src_state_list", "dest_state_list", "num_elements_list")
 
 def _check_copy(expected: tuple[str, ...]) -> Callable[[ModuleType, Any], str | None]:
     def check(module: ModuleType, original: Any) -> str | None:
-        problem = expect_params(original, original.__name__, expected)
-        if problem:
-            return problem
-        for caller in ("preprocess_mamba", "postprocess_mamba"):
-            problem = expect_call(
-                getattr(module, caller, None), caller, original.__name__
-            )
-            if problem:
-                return problem
-        return None
+        name = original.__name__
+        return (
+            expect_params(original, name, expected)
+            or expect_caller(module, "preprocess_mamba", name)
+            or expect_caller(module, "postprocess_mamba", name)
+        )
 
     return check
 

@@ -34,7 +34,7 @@ from vllm_kunlun.patching.attribute import (
     AttributePatch,
     PatchMismatch,
     apply_group,
-    expect_call,
+    expect_caller,
     expect_params,
     platform_resolved,
 )
@@ -47,17 +47,11 @@ logger = init_logger(__name__)
 def _check_sampler(module: ModuleType, original: Any) -> str | None:
     if not isinstance(original, type):
         return f"{module.__name__}.TopKTopPSampler is not a class"
-    problem = expect_params(
+    return expect_params(
         getattr(original, "forward_native", None),
         "TopKTopPSampler.forward_native",
         ("self", "logits", "generators", "k", "p"),
-    )
-    if problem:
-        return problem
-    sampler = getattr(module, "Sampler", None)
-    return expect_call(
-        getattr(sampler, "__init__", None), "Sampler.__init__", "TopKTopPSampler"
-    )
+    ) or expect_caller(module, "Sampler.__init__", "TopKTopPSampler")
 
 
 def _make_sampler(original: Any) -> Any:
@@ -96,11 +90,7 @@ def _check_recovered(module: ModuleType, original: Any) -> str | None:
         return problem
     if not hasattr(module, "sample_recovered_tokens_kernel"):
         return "rejection_sampler.sample_recovered_tokens_kernel does not exist"
-    return expect_call(
-        getattr(module, "rejection_sample", None),
-        "rejection_sample",
-        "sample_recovered_tokens",
-    )
+    return expect_caller(module, "rejection_sample", "sample_recovered_tokens")
 
 
 def _make_recovered(original: Any) -> Any:
@@ -110,15 +100,9 @@ def _make_recovered(original: Any) -> Any:
 
 
 def _check_rejection(module: ModuleType, original: Any) -> str | None:
-    problem = expect_params(original, "rejection_sample", _REJECTION_PARAMS)
-    if problem:
-        return problem
-    sampler_cls = getattr(module, "RejectionSampler", None)
-    return expect_call(
-        getattr(sampler_cls, "forward", None),
-        "RejectionSampler.forward",
-        "rejection_sample",
-    )
+    return expect_params(
+        original, "rejection_sample", _REJECTION_PARAMS
+    ) or expect_caller(module, "RejectionSampler.forward", "rejection_sample")
 
 
 def _make_rejection(original: Any) -> Any:
@@ -144,8 +128,7 @@ def _check_kernel(kernel: str) -> Any:
         # without a Triton driver.
         if not callable(original) and not hasattr(original, "__getitem__"):
             return f"rejection_sampler.{kernel} is neither a kernel nor a function"
-        caller = _KERNEL_CALLERS[kernel]
-        return expect_call(getattr(module, caller, None), caller, kernel)
+        return expect_caller(module, _KERNEL_CALLERS[kernel], kernel)
 
     return check
 
