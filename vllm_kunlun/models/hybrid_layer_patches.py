@@ -64,7 +64,7 @@ import torch
 from vllm_kunlun.logger import init_logger
 from vllm_kunlun.patching.attribute import (
     AttributePatch,
-    apply_group,
+    PatchGroups,
     expect_caller,
     expect_params,
 )
@@ -294,29 +294,10 @@ PATCH_GROUPS: dict[str, tuple[AttributePatch, ...]] = {
 }
 
 
-def apply_one(name: str) -> bool:
-    """Apply one hybrid-model entry (all its patches or none); True when this call did.
-
-    A mismatching upstream raises: a hybrid model served without these fixes would
-    fail at its first prefill or silently read stale state.
-    """
-    if not apply_group(PATCH_GROUPS[name]):
-        return False
-    logger.info("vllm-kunlun: hybrid-model runtime patch %s applied", name)
-    return True
-
-
-# phases.apply_phase's hook (patching/phases.py)
-RUNTIME_PATCHES = {
-    name: (lambda phase, name=name: apply_one(name)) for name in PATCH_GROUPS
-}
-
-
-def revert_all() -> None:
-    for patches in reversed(list(PATCH_GROUPS.values())):
-        for p in reversed(patches):
-            p.revert()
-
-
-def applied() -> list[str]:
-    return [name for name, ps in PATCH_GROUPS.items() if all(p.applied() for p in ps)]
+# A mismatching upstream raises: a hybrid model served without these fixes would
+# read stale state or generate wrong tokens.
+GROUPS = PatchGroups(PATCH_GROUPS, "hybrid-model")
+apply_one = GROUPS.apply
+revert_all = GROUPS.revert_all
+applied = GROUPS.applied
+RUNTIME_PATCHES = GROUPS.hooks()  # phases.apply_phase's hook (patching/phases.py)

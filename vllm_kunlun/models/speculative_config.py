@@ -31,8 +31,7 @@ from typing import Any, Literal, get_args
 from vllm_kunlun.logger import init_logger
 from vllm_kunlun.patching.attribute import (
     AttributePatch,
-    PatchMismatch,
-    apply_group,
+    apply_group_or_warn,
     expect_caller,
     expect_params,
 )
@@ -129,17 +128,9 @@ PATCHES: tuple[AttributePatch, ...] = (
 def apply() -> bool:
     """Both attributes or neither; True when this call applied them. A mismatch warns:
     vLLM then refuses ``method: mtp`` on Qwen3.5 itself."""
-    try:
-        done = apply_group(PATCHES)
-    except PatchMismatch as exc:
-        logger.warning_once(
-            "vllm-kunlun: %s; MTP speculative decoding on Qwen3.5 is unavailable",
-            str(exc),
-        )
-        return False
-    if done:
-        logger.debug("vllm-kunlun: runtime patch %s applied", NAME)
-    return done
+    return apply_group_or_warn(
+        PATCHES, "MTP speculative decoding on Qwen3.5 is unavailable"
+    )
 
 
 # phases.apply_phase's hook (patching/phases.py)

@@ -178,6 +178,54 @@ def revert_group(patches: tuple[AttributePatch, ...]) -> None:
         p.revert()
 
 
+class PatchGroups:
+    """A module's registry entries, each an all-or-nothing group of patches: applied
+    one entry at a time (``apply``; a mismatch raises), listed (``applied``), reverted
+    together (``revert_all``); ``hooks()`` is the module's ``RUNTIME_PATCHES``.
+
+    ``skip(name)`` says why an entry is not needed in this process (None: apply it);
+    such an entry is left out with one log line."""
+
+    def __init__(
+        self,
+        groups: dict[str, tuple[AttributePatch, ...]],
+        what: str,
+        skip: Callable[[str], str | None] | None = None,
+    ) -> None:
+        self.groups = groups
+        self.what = what
+        self.skip = skip
+
+    def apply(self, name: str) -> bool:
+        """Apply entry ``name`` (all its patches or none); True when this call did."""
+        from vllm_kunlun.logger import init_logger  # vLLM's logger: not for the CLI
+
+        logger = init_logger(__name__)
+        why = self.skip(name) if self.skip is not None else None
+        if why:
+            logger.info_once("vllm-kunlun: %s not applied: %s", name, why)
+            return False
+        if not apply_group(self.groups[name]):
+            return False
+        logger.info("vllm-kunlun: %s runtime patch %s applied", self.what, name)
+        return True
+
+    def hooks(self) -> dict[str, Callable[[Any], bool]]:
+        """``phases.apply_phase``'s hook per entry (patching/phases.py)."""
+
+        def hook(name: str) -> Callable[[Any], bool]:
+            return lambda phase: self.apply(name)
+
+        return {name: hook(name) for name in self.groups}
+
+    def revert_all(self) -> None:
+        for patches in reversed(list(self.groups.values())):
+            revert_group(patches)
+
+    def applied(self) -> list[str]:
+        return [name for name, ps in self.groups.items() if group_applied(ps)]
+
+
 class PatchMismatch(RuntimeError):
     """The upstream object differs from what a patch was written for."""
 

@@ -42,7 +42,7 @@ import torch
 from vllm_kunlun.logger import init_logger
 from vllm_kunlun.patching.attribute import (
     AttributePatch,
-    apply_group,
+    PatchGroups,
     expect_caller,
     expect_params,
 )
@@ -274,38 +274,18 @@ PATCH_GROUPS: dict[str, tuple[AttributePatch, ...]] = {
 }
 
 
-def apply_one(name: str) -> bool:
-    """Apply one GDN entry (all its patches or none); True when this call did.
-
-    A mismatching upstream raises: a hybrid model served without these patches would
-    fail at its first prefill (no Triton driver) or never run the vendor kernel.
-    """
-    if name == MAMBA_COPY:
-        needed, why = copy_needs_portable()
-        if not needed:
-            logger.info_once(
-                "vllm-kunlun: %s not applied: vLLM's Triton copy can run (%s)",
-                MAMBA_COPY,
-                why,
-            )
-            return False
-    if not apply_group(PATCH_GROUPS[name]):
-        return False
-    logger.info("vllm-kunlun: GDN runtime patch %s applied", name)
-    return True
+def _skip(name: str) -> str | None:
+    """vLLM's own Triton block copy stays where it can run."""
+    if name != MAMBA_COPY:
+        return None
+    needed, why = copy_needs_portable()
+    return None if needed else f"vLLM's Triton copy can run ({why})"
 
 
-# phases.apply_phase's hook (patching/phases.py)
-RUNTIME_PATCHES = {
-    name: (lambda phase, name=name: apply_one(name)) for name in PATCH_GROUPS
-}
-
-
-def revert_all() -> None:
-    for patches in reversed(list(PATCH_GROUPS.values())):
-        for p in reversed(patches):
-            p.revert()
-
-
-def applied() -> list[str]:
-    return [name for name, ps in PATCH_GROUPS.items() if all(p.applied() for p in ps)]
+# A mismatching upstream raises: a hybrid model served without these patches would
+# fail at its first prefill (no Triton driver) or never run the vendor kernel.
+GROUPS = PatchGroups(PATCH_GROUPS, "GDN", skip=_skip)
+apply_one = GROUPS.apply
+revert_all = GROUPS.revert_all
+applied = GROUPS.applied
+RUNTIME_PATCHES = GROUPS.hooks()  # phases.apply_phase's hook (patching/phases.py)

@@ -32,8 +32,7 @@ from typing import Any
 from vllm_kunlun.logger import init_logger
 from vllm_kunlun.patching.attribute import (
     AttributePatch,
-    PatchMismatch,
-    apply_group,
+    apply_group_or_warn,
     expect_caller,
     expect_params,
     platform_resolved,
@@ -205,17 +204,9 @@ def apply_kernels() -> bool:
     Triton device)."""
     if not platform_resolved():
         return False
-    try:
-        done = apply_group(KERNEL_PATCHES)
-    except PatchMismatch as exc:
-        logger.warning_once(
-            "vllm-kunlun: %s; speculative decoding then needs vLLM's Triton kernels",
-            str(exc),
-        )
-        return False
-    if done:
-        logger.info("vllm-kunlun: runtime patch %s applied", REJECTION_KERNELS)
-    return done
+    return apply_group_or_warn(
+        KERNEL_PATCHES, "speculative decoding then needs vLLM's Triton kernels"
+    )
 
 
 # phases.apply_phase's hook (patching/phases.py)
