@@ -142,3 +142,18 @@ def config_int(
             f"config.json: {name} = {raw!r} is out of range ({minimum} to {limit})"
         )
     return int(raw)
+
+
+def config_dtype(config: Mapping[str, Any]) -> str:
+    """The checkpoint's dtype name (``bfloat16``, ``float16``, ...): its text config's
+    ``dtype`` (transformers 5) or ``torch_dtype`` (older), else the top level's, else
+    ``bfloat16``."""
+    sub = config.get("text_config")
+    text: Mapping[str, Any] = sub if isinstance(sub, Mapping) else config
+    return str(
+        text.get("dtype")
+        or text.get("torch_dtype")
+        or config.get("dtype")
+        or config.get("torch_dtype")
+        or "bfloat16"
+    ).replace("torch.", "")

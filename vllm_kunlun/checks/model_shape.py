@@ -20,6 +20,7 @@ from typing import Any
 from vllm_kunlun.checks.config_file import (
     CONFIG_LIMITS,
     ConfigRangeError,
+    config_dtype,
     config_int,
     config_key,
 )
@@ -218,13 +219,7 @@ class ModelShape:
             )
         linear = sum(t == "linear_attention" for t in types or [])
         heads = positive("num_attention_heads")
-        dtype = str(
-            text.get("dtype")
-            or text.get("torch_dtype")
-            or config.get("dtype")
-            or config.get("torch_dtype")
-            or "bfloat16"
-        ).replace("torch.", "")
+        dtype = config_dtype(config)
 
         def dim(key: str) -> int:
             # Needed (and at least 1) only when the model has linear-attention layers.

@@ -46,7 +46,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from vllm_kunlun.checks.config_file import ConfigRangeError, config_int
+from vllm_kunlun.checks.config_file import ConfigRangeError, config_dtype, config_int
 from vllm_kunlun.checks.weights import int8_ignore
 
 MOE_TYPES = ("qwen3_5_moe", "qwen3_5_moe_text")
@@ -281,13 +281,7 @@ def estimate_moe_weights(config: Mapping[str, Any]) -> MoeWeights | None:
     tensors = moe_tensors(config)
     sub = config.get("text_config")
     text: Mapping[str, Any] = sub if isinstance(sub, Mapping) else config
-    dtype = str(
-        text.get("dtype")
-        or text.get("torch_dtype")
-        or config.get("dtype")
-        or config.get("torch_dtype")
-        or "bfloat16"
-    ).replace("torch.", "")
+    dtype = config_dtype(config)
     ignore = int8_ignore(config)
     int8 = frozenset(
         i
