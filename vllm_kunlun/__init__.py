@@ -81,15 +81,17 @@ def register_runtime_fixes() -> None:
 
         if active_plugin_platform() is None:
             return
-        from vllm_kunlun.patching.phases import Phase, apply_phase
-        from vllm_kunlun.platforms.runtime_fixes import prepare_model_process
+        from vllm_kunlun.platforms.runtime_fixes import (
+            prepare_front_end,
+            prepare_model_process,
+        )
 
         prepare_model_process()
         # vLLM loads general plugins at the top of EngineArgs.__post_init__, before it
         # resolves the model path, and only from inside functions: arg_utils is fully
         # imported here (and the API server, under vllm serve), which the platform's
         # __init__ cannot rely on.
-        apply_phase(Phase.FRONT_END)
+        prepare_front_end()
     except Exception:
         logger.exception("vllm-kunlun: applying runtime fixes failed")
         raise

@@ -32,10 +32,7 @@ CALL_SITES: dict[Phase, tuple[str, ...]] = {
         "vllm_kunlun.checks.vllm_import:ensure_vllm_importable",
     ),
     Phase.PLATFORM_LOAD: ("vllm_kunlun.platforms.kunlun:KunlunPlatformBase.__init__",),
-    Phase.FRONT_END: (
-        "vllm_kunlun:register_runtime_fixes",
-        "vllm_kunlun.platforms.kunlun:KunlunPlatformBase.pre_register_and_update",
-    ),
+    Phase.FRONT_END: ("vllm_kunlun.platforms.runtime_fixes:prepare_front_end",),
     Phase.MODEL_PROCESS: ("vllm_kunlun.platforms.runtime_fixes:prepare_model_process",),
     Phase.WEIGHT_LOAD: ("vllm_kunlun.platforms.runtime_fixes:prepare_model_process",),
     Phase.QUANTIZED_MODEL: (

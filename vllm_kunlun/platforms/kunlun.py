@@ -117,11 +117,10 @@ class KunlunPlatformBase(Platform):
     ) -> None:
         # Called before vLLM reads --model (CLI parser, top of create_engine_config):
         # the model-path guard must be in place by then (see vllm_kunlun/guards/model_path.py).
-        from vllm_kunlun.models import register_models
+        from vllm_kunlun.platforms.runtime_fixes import prepare_front_end
 
-        apply_phase(Phase.FRONT_END)
         # ModelConfig resolves the architecture right after this hook.
-        register_models()
+        prepare_front_end()
 
     # ---- vendor kernels ---------------------------------------------------------------
     @classmethod

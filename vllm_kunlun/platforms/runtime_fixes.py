@@ -1,6 +1,7 @@
-"""What a process about to build a model runs first: the model-process phase of the
-runtime patches (``patching/phases.py``), the model registrations, and the
-checkpoint guard where the process loads weights."""
+"""What a process runs before vLLM builds its engine or model, in one place: in a
+process about to build a model, the model-process phase of the runtime patches
+(``patching/phases.py``), the model registrations, and the checkpoint guard where the
+process loads weights; in a front end, the front-end phase and the registrations."""
 
 from __future__ import annotations
 
@@ -25,6 +26,20 @@ def prepare_model_process(loads_weights: bool = False) -> None:
     register_models()
     if loads_weights:
         apply_phase(Phase.WEIGHT_LOAD)
+
+
+def prepare_front_end() -> None:
+    """The front-end phase (engine-start guards: model path, token ids, ...) and the
+    model registrations, before vLLM reads ``--model`` and resolves the architecture.
+
+    Idempotent. Called by the platform's ``pre_register_and_update`` (the CLI parser,
+    the top of ``create_engine_config``) and by the general plugin (which vLLM loads
+    in ``EngineArgs.__post_init__``), whichever comes first in a process.
+    """
+    from vllm_kunlun.models import register_models
+
+    apply_phase(Phase.FRONT_END)
+    register_models()
 
 
 GENERAL_PLUGIN = "kunlun_runtime_fixes"
