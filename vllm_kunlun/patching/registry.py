@@ -318,6 +318,28 @@ REGISTRY: tuple[RuntimePatch, ...] = (
         "vLLM decodes images while it parses a request",
     ),
     RuntimePatch(
+        "speculative_config_limits",
+        "vllm_kunlun.guards.speculative_limits",
+        ("vllm.engine.arg_utils.EngineArgs.create_speculative_config",),
+        "num_speculative_tokens=1e9 grows the API server without bound (an O(N^2) "
+        "token tree) before any engine starts; a non-object config is an "
+        "AttributeError",
+        _FRONT,
+        "vLLM bounds num_speculative_tokens and checks the config's type",
+    ),
+    RuntimePatch(
+        "media_fetch_limit",
+        "vllm_kunlun.guards.media",
+        (
+            "vllm.connections.HTTPConnection.get_bytes",
+            "vllm.connections.HTTPConnection.async_get_bytes",
+        ),
+        "an image or video URL's body is read whole into the API server, whatever "
+        "its size (1.5 GB within the 5 s fetch timeout, kept as resident memory)",
+        _FRONT,
+        "vLLM bounds the size of a media download",
+    ),
+    RuntimePatch(
         "serve_shutdown_bound",
         "vllm_kunlun.guards.shutdown",
         ("vllm.entrypoints.openai.api_server.serve_http",),
