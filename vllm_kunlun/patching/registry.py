@@ -135,6 +135,16 @@ REGISTRY: tuple[RuntimePatch, ...] = (
         "vLLM's rejection sampler has a non-Triton path",
     ),
     RuntimePatch(
+        "rejection_allowed_token_ids",
+        "vllm_kunlun.ops.sampling.rejection_mask",
+        ("vllm.v1.sample.rejection_sampler.RejectionSampler.apply_logits_processors",),
+        "a request with allowed_token_ids under speculative decoding kills the engine "
+        "core (its draft positions are mapped to no request: masked_fill_ size "
+        "mismatch) and with it the API server",
+        _WORKER,
+        "vLLM counts requests by num_draft_tokens in apply_logits_processors",
+    ),
+    RuntimePatch(
         "kunlun_int8_scaled_mm_kernel",
         "vllm_kunlun.quantization.int8_kernel_table_patch",
         (
