@@ -20,7 +20,10 @@ server's memory (``HTTPConnection.get_bytes`` / ``async_get_bytes``), whatever i
 size, within the fetch timeout: a 1.5 GB body added 1.3 GB of resident memory that
 stayed. The wrapped readers refuse a declared ``Content-Length`` over
 ``VLLM_KUNLUN_MAX_MEDIA_MIB`` before reading, and stop reading a body that grows past
-it; either is a ``ValueError`` (400) naming the limit and the variable.
+it; either is a ``ValueError`` (400) naming the limit and the variable. A URL that
+cannot be fetched (refused, unreachable, timed out, an HTTP error status) is a
+``ValueError`` naming the URL and the cause as well: the request's fault, not the
+server's (vLLM answers it with status 200 and an internal-error body).
 Installed with the engine guards (``Phase.FRONT_END``: the processes that parse
 requests).
 Removal: when vLLM decodes images while it parses a request.
@@ -137,6 +140,18 @@ class MediaTooLargeError(ValueError):
     """A media URL's body is larger than ``VLLM_KUNLUN_MAX_MEDIA_MIB``."""
 
 
+class MediaFetchError(ValueError):
+    """A media URL that could not be fetched."""
+
+
+def _fetch_failed(url: str, exc: BaseException) -> MediaFetchError:
+    cause = str(exc) or type(exc).__name__
+    return MediaFetchError(
+        f"the media at {url} could not be fetched ({type(exc).__name__}: {cause}); "
+        "send a URL this server can reach, or the data inline as a data: URL"
+    )
+
+
 def media_limit_bytes() -> int:
     return int(envs.VLLM_KUNLUN_MAX_MEDIA_MIB * (1 << 20))
 
@@ -164,18 +179,23 @@ def _bounded_get_bytes(original: Any) -> Any:
         timeout: float | None = None,
         allow_redirects: bool = True,
     ) -> bytes:
+        import requests
+
         limit = media_limit_bytes()
-        with self.get_response(
-            url, stream=True, timeout=timeout, allow_redirects=allow_redirects
-        ) as r:
-            r.raise_for_status()
-            _check_declared(url, r.headers, limit)
-            body = bytearray()
-            for chunk in r.iter_content(_CHUNK):
-                body += chunk
-                if len(body) > limit:
-                    raise _too_large(url, f"over {limit} bytes read")
-            return bytes(body)
+        try:
+            with self.get_response(
+                url, stream=True, timeout=timeout, allow_redirects=allow_redirects
+            ) as r:
+                r.raise_for_status()
+                _check_declared(url, r.headers, limit)
+                body = bytearray()
+                for chunk in r.iter_content(_CHUNK):
+                    body += chunk
+                    if len(body) > limit:
+                        raise _too_large(url, f"over {limit} bytes read")
+                return bytes(body)
+        except requests.RequestException as exc:
+            raise _fetch_failed(url, exc) from None
 
     return get_bytes
 
@@ -189,18 +209,25 @@ def _bounded_async_get_bytes(original: Any) -> Any:
         timeout: float | None = None,
         allow_redirects: bool = True,
     ) -> bytes:
+        import asyncio
+
+        import aiohttp
+
         limit = media_limit_bytes()
-        async with await self.get_async_response(
-            url, timeout=timeout, allow_redirects=allow_redirects
-        ) as r:
-            r.raise_for_status()
-            _check_declared(url, r.headers, limit)
-            body = bytearray()
-            async for chunk in r.content.iter_chunked(_CHUNK):
-                body += chunk
-                if len(body) > limit:
-                    raise _too_large(url, f"over {limit} bytes read")
-            return bytes(body)
+        try:
+            async with await self.get_async_response(
+                url, timeout=timeout, allow_redirects=allow_redirects
+            ) as r:
+                r.raise_for_status()
+                _check_declared(url, r.headers, limit)
+                body = bytearray()
+                async for chunk in r.content.iter_chunked(_CHUNK):
+                    body += chunk
+                    if len(body) > limit:
+                        raise _too_large(url, f"over {limit} bytes read")
+                return bytes(body)
+        except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+            raise _fetch_failed(url, exc) from None
 
     return async_get_bytes
 

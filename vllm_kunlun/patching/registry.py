@@ -316,6 +316,15 @@ REGISTRY: tuple[RuntimePatch, ...] = (
         "vLLM answers a non-object request body with 400",
     ),
     RuntimePatch(
+        "openai_error_status",
+        "vllm_kunlun.guards.error_status",
+        ("vllm.entrypoints.openai.api_server.build_app",),
+        "the chat and completion routes return the error their handler raised as a "
+        "body with HTTP status 200 (an unreachable image URL, a dead engine)",
+        _FRONT,
+        "vLLM's routes answer errors with their status",
+    ),
+    RuntimePatch(
         "image_decode_check",
         "vllm_kunlun.guards.media",
         (

@@ -25,6 +25,9 @@ class _Handler(http.server.BaseHTTPRequestHandler):
     sent: list[int] = []  # bytes the server got out per request
 
     def do_GET(self) -> None:
+        if self.path.startswith("/missing/"):
+            self.send_error(404)
+            return
         size = int(self.path.strip("/").split("/")[-1])
         declared = self.path.startswith("/declared/")
         self.send_response(200)
@@ -126,3 +129,23 @@ def test_without_the_patch_vllm_reads_any_size(server: str) -> None:
     finally:
         if was:
             media.install_fetch_limit()
+
+
+@pytest.mark.usefixtures("limited")
+@pytest.mark.parametrize("use_async", [False, True], ids=["sync", "async"])
+def test_an_unreachable_url_is_a_value_error_naming_it(use_async: bool) -> None:
+    """Port 9 (discard) on the loopback: connection refused. vLLM alone raises the
+    client library's error, which its routes answer as an internal error."""
+    url = "http://127.0.0.1:9/picture.png"
+    with pytest.raises(media.MediaFetchError) as refused:
+        _get(url, use_async)
+    assert url in str(refused.value) and "could not be fetched" in str(refused.value)
+
+
+@pytest.mark.usefixtures("limited")
+@pytest.mark.parametrize("use_async", [False, True], ids=["sync", "async"])
+def test_an_http_error_status_is_a_value_error_naming_it(
+    server: str, use_async: bool
+) -> None:
+    with pytest.raises(media.MediaFetchError, match="404"):
+        _get(f"{server}/missing/", use_async)
