@@ -316,6 +316,18 @@ REGISTRY: tuple[RuntimePatch, ...] = (
         "vLLM answers a non-object request body with 400",
     ),
     RuntimePatch(
+        "sync_client_engine_death",
+        "vllm_kunlun.guards.engine_death",
+        (
+            "vllm.v1.engine.core_client.SyncMPClient.get_output",
+            "vllm.v1.engine.core_client.SyncMPClient.call_utility",
+        ),
+        "an offline LLM (the demo) whose engine core process dies waits for ever: "
+        "the client's monitor stops the thread that would wake its waiters",
+        _FRONT,
+        "vLLM's sync client wakes its waiters when the engine dies",
+    ),
+    RuntimePatch(
         "openai_error_status",
         "vllm_kunlun.guards.error_status",
         ("vllm.entrypoints.openai.api_server.build_app",),
