@@ -359,6 +359,20 @@ REGISTRY: tuple[RuntimePatch, ...] = (
         "vLLM bounds num_speculative_tokens and checks the config's type",
     ),
     RuntimePatch(
+        "media_input_checks",
+        "vllm_kunlun.guards.media_inputs",
+        (
+            "vllm.multimodal.utils.MediaConnector._load_data_url",
+            "vllm.multimodal.media.video.VideoMediaIO.load_base64",
+            "vllm.multimodal.media.video.VideoMediaIO.load_bytes",
+        ),
+        "a data URL without ';base64', a video/jpeg frame list or a picture sent as "
+        "video_url fails with an error that names nothing the client sent (some as "
+        "500s)",
+        _FRONT,
+        "vLLM validates data URLs and video inputs while it parses a request",
+    ),
+    RuntimePatch(
         "media_fetch_limit",
         "vllm_kunlun.guards.media",
         (
