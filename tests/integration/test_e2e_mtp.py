@@ -248,4 +248,4 @@ def test_method_names_users_try(configs: dict[str, Any]) -> None:
 
 def test_prefix_caching_with_mtp_is_refused(configs: dict[str, Any]) -> None:
     error = configs["prefix_caching"]["error"]
-    assert "align" in error and "speculative decoding" in error, error
+    assert "prefix caching" in error and "--no-enable-prefix-caching" in error, error

@@ -8,12 +8,15 @@ writes a default token tree whose text grows with the square of
 ``num_speculative_tokens``: ``{"method": "mtp", "num_speculative_tokens": 1000000000}``
 grew the API server by 16 GB in 76 s, with nothing logged. A JSON value that is not an
 object (``--speculative-config '[1,2]'``) ends in ``AttributeError: 'list' object has no
-attribute 'update'``.
+attribute 'update'``. With ``--enable-prefix-caching`` on a hybrid model (Qwen3.5,
+Qwen3-Next) vLLM stops at ``AssertionError: Mamba cache mode 'align' is currently not
+compatible with speculative decoding``, which names neither prefix caching nor the fix.
 How: the method is wrapped; before vLLM's own code it refuses a non-object config and
 a ``num_speculative_tokens`` that is not a whole number in
 ``[1, VLLM_KUNLUN_MAX_SPEC_TOKENS]`` (default 16: MTP heads propose 1 to 4, EAGLE trees
 and n-gram lookups stay under 16), with a ``SpeculativeConfigError`` (a ValueError: the
-CLI prints it, ``LLM(...)`` raises it).
+CLI prints it, ``LLM(...)`` raises it), and refuses speculation on a hybrid model with
+prefix caching on, naming both and the flag that fixes it.
 Installed where engine arguments become a config (``Phase.FRONT_END``).
 Removal: when vLLM bounds ``num_speculative_tokens`` and checks the config's type.
 """
@@ -64,6 +67,29 @@ def check_speculative_config(config: Any) -> None:
         )
 
 
+def check_prefix_caching(args: Any, target_model_config: Any) -> None:
+    """vLLM 0.15.1 tracks a hybrid model's prefix-cached states in mamba cache mode
+    'align', which cannot hold speculative drafts ('all' could, where the model
+    supports it)."""
+    if args.speculative_config is None or not getattr(
+        args, "enable_prefix_caching", False
+    ):
+        return
+    if not getattr(target_model_config, "is_hybrid", False):
+        return
+    mode = getattr(args, "mamba_cache_mode", None)
+    if mode == "all" and getattr(
+        target_model_config, "supports_mamba_prefix_caching", False
+    ):
+        return
+    raise SpeculativeConfigError(
+        "speculative decoding and prefix caching cannot run together on this hybrid "
+        "(linear-attention) model in vLLM 0.15.1: its prefix-cached states (mamba "
+        "cache mode 'align') cannot hold draft tokens. Add --no-enable-prefix-caching "
+        "(LLM(enable_prefix_caching=False)), or serve without --speculative-config"
+    )
+
+
 def _check_target(module: ModuleType, original: Any) -> str | None:
     return expect_params(original, "EngineArgs.create_speculative_config", _PARAMS)
 
@@ -74,6 +100,7 @@ def _make_guard(original: Any) -> Any:
         self: Any, target_model_config: Any, target_parallel_config: Any
     ) -> Any:
         check_speculative_config(self.speculative_config)
+        check_prefix_caching(self, target_model_config)
         return original(self, target_model_config, target_parallel_config)
 
     return guarded

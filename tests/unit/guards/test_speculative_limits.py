@@ -28,7 +28,7 @@ def patched() -> Iterator[None]:
 def _create(config: object) -> object:
     """vLLM's method on arguments holding ``config`` (what the CLI's JSON parser leaves
     there); the rest of EngineArgs is not read by it."""
-    args = SimpleNamespace(speculative_config=config)
+    args = SimpleNamespace(speculative_config=config, enable_prefix_caching=False)
     return EngineArgs.create_speculative_config(args, None, None)
 
 
@@ -78,3 +78,33 @@ def test_configs_within_the_limit_reach_vllm(config: dict) -> None:
 
 def test_no_config_is_no_speculation() -> None:
     assert _create(None) is None
+
+
+@pytest.mark.usefixtures("patched")
+@pytest.mark.parametrize(
+    ("hybrid", "caching", "mode", "refused"),
+    [
+        (True, True, None, True),
+        (True, True, "align", True),
+        (True, False, None, False),
+        (False, True, None, False),
+    ],
+)
+def test_prefix_caching_with_speculation_on_a_hybrid_model_is_named(
+    hybrid: bool, caching: bool, mode: str | None, refused: bool
+) -> None:
+    args = SimpleNamespace(
+        speculative_config={"method": "mtp", "num_speculative_tokens": 1},
+        enable_prefix_caching=caching,
+        mamba_cache_mode=mode,
+    )
+    target = SimpleNamespace(is_hybrid=hybrid, supports_mamba_prefix_caching=False)
+    if refused:
+        with pytest.raises(guard.SpeculativeConfigError) as err:
+            EngineArgs.create_speculative_config(args, target, None)
+        assert "prefix caching" in str(err.value)
+        assert "--no-enable-prefix-caching" in str(err.value)
+    else:
+        with pytest.raises(Exception) as raised:  # vLLM's own, on the fake config
+            EngineArgs.create_speculative_config(args, target, None)
+        assert not isinstance(raised.value, guard.SpeculativeConfigError)
