@@ -123,6 +123,11 @@ EMULATION_KV_CACHE_GIB_MAX = 1024.0
 # 64 Ki siblings of one request: far above any engine's max_num_seqs; more is a typo
 # that brings back the unbounded fan-out the limit exists for.
 MAX_N_UPPER = 65536
+# One media item larger than this is a typo for the API server's memory (16 GiB).
+MAX_MEDIA_MIB_UPPER = 16384.0
+# vLLM 0.15.1 builds its speculative token tree in O(N^2) in the API server before any
+# engine starts; no released drafter proposes more than a few tokens a step.
+MAX_SPEC_TOKENS_UPPER = 64
 # 1 MiB: one 16-token block of every attention layer of the deployment log's 27B model (docs/deployment-log.md)
 # (16 layers x 16 tokens x 4 KV heads x 256 x K and V x 2 bytes). Less is no cache
 # worth serving, and a value like 1e-320 rounds to 0 bytes, which vLLM then reports as
@@ -265,6 +270,26 @@ _VARS: dict[str, EnvVar] = {
             "a whole request in the API server and the engine core).",
             f"a whole number in [1, {MAX_N_UPPER}]",
         ),
+        EnvVar(
+            "VLLM_KUNLUN_MAX_MEDIA_MIB",
+            _bounded_float(
+                MAX_MEDIA_MIB_UPPER, 0.001, "no image is smaller than 1 KiB"
+            ),
+            256.0,
+            "The most MiB the API server reads from one image or video URL; a larger "
+            "body is answered 400 naming the limit, and the read stops there (vLLM "
+            "alone reads any size into memory within its fetch timeout).",
+            f"a number in [0.001, {MAX_MEDIA_MIB_UPPER:g}]",
+        ),
+        EnvVar(
+            "VLLM_KUNLUN_MAX_SPEC_TOKENS",
+            _optional_count(MAX_SPEC_TOKENS_UPPER),
+            16,
+            "The largest num_speculative_tokens an engine accepts; a larger one is "
+            "refused at start naming the limit (vLLM alone builds a token tree that "
+            "grows with its square in the API server before any engine starts).",
+            f"a whole number in [1, {MAX_SPEC_TOKENS_UPPER}]",
+        ),
     )
 }
 
@@ -352,3 +377,5 @@ if TYPE_CHECKING:  # names for type checkers; values come from __getattr__
     VLLM_KUNLUN_RAY_PG_TIMEOUT: float
     VLLM_KUNLUN_PATCH_DIR: str | None
     VLLM_KUNLUN_MAX_N: int | None
+    VLLM_KUNLUN_MAX_MEDIA_MIB: float
+    VLLM_KUNLUN_MAX_SPEC_TOKENS: int | None

@@ -60,6 +60,16 @@ GREEDY_JOBS = [
     },
 ]
 SEEDED = req(LANG[5], 12, temperature=3.0, seed=44)
+ALLOWED_IDS = [10, 11, 12]
+ALLOWED_JOB = {
+    # allowed_token_ids under speculation used to kill the engine core (vLLM 0.15.1
+    # maps draft positions to no request): runtime patch rejection_allowed_token_ids.
+    "name": "allowed_ids",
+    "requests": [
+        req(LANG[0], 8, allowed_token_ids=ALLOWED_IDS),
+        req(LANG[2], 8),  # beside it, unrestricted
+    ],
+}
 SEEDED_A = {
     "name": "seeded_a",
     "requests": [
@@ -107,7 +117,7 @@ def run(request: pytest.FixtureRequest, model_dir: str, work: Path) -> dict:
     n = request.param
     spec: dict[str, Any] = engine_spec(
         model_dir,
-        [*GREEDY_JOBS, SEEDED_A, SEEDED_B],
+        [*GREEDY_JOBS, SEEDED_A, SEEDED_B, ALLOWED_JOB],
         llm={
             **LLM_ARGS,
             "speculative_config": {"method": "mtp", "num_speculative_tokens": n},
@@ -154,6 +164,18 @@ def test_drafts_are_accepted_by_vllms_counters(run: dict) -> None:
     assert drafts > 0 and 0 < accepted <= drafts, m
     assert len(per_pos) == run["n"] and per_pos[0] > 0, m
     assert sum(per_pos) == accepted
+
+
+def test_allowed_token_ids_under_speculation_masks_only_its_request(
+    run: dict,
+) -> None:
+    restricted, free = run["jobs"]["allowed_ids"]
+    assert restricted["token_ids"] and set(restricted["token_ids"]) <= set(ALLOWED_IDS)
+    # The request beside it decodes as without the mask (its greedy tokens, which the
+    # test above compares with transformers).
+    greedy = run["jobs"]["greedy"][2]
+    assert free["prompt_token_ids"] == greedy["prompt_token_ids"]
+    assert free["token_ids"] == greedy["token_ids"][:8]
 
 
 def test_no_exponential_during_the_run(run: dict) -> None:
@@ -225,4 +247,4 @@ def test_method_names_users_try(configs: dict[str, Any]) -> None:
 
 def test_prefix_caching_with_mtp_is_refused(configs: dict[str, Any]) -> None:
     error = configs["prefix_caching"]["error"]
-    assert "align" in error and "speculative decoding" in error, error
+    assert "prefix caching" in error and "--no-enable-prefix-caching" in error, error

@@ -121,3 +121,61 @@ def test_expand_repeats_each_requests_value_over_its_tokens() -> None:
         replace_to=0,
     )
     assert out.tolist() == [4, 4, 0, 0, 0, 6]
+
+
+# Soft distributions over 8 tokens: the draft over-proposes some tokens (p < q) and
+# under-proposes others (p > q), so both branches of the rule matter.
+TARGET = torch.tensor(
+    [[0.30, 0.05, 0.20, 0.05, 0.10, 0.10, 0.15, 0.05],
+     [0.05, 0.40, 0.05, 0.10, 0.05, 0.05, 0.05, 0.25]]
+)  # fmt: skip
+DRAFT = torch.tensor(
+    [[0.10, 0.30, 0.10, 0.20, 0.10, 0.10, 0.05, 0.05],
+     [0.25, 0.10, 0.25, 0.10, 0.10, 0.10, 0.05, 0.05]]
+)  # fmt: skip
+ROWS = 20000
+
+
+def _speculate(seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """ROWS requests of two drafts each, drawn from DRAFT, through vLLM's
+    ``rejection_sample``: (drafts [ROWS, 2], output rows [ROWS, 3])."""
+    gen = torch.Generator().manual_seed(seed)
+    drafts = torch.stack(
+        [torch.multinomial(DRAFT[pos], ROWS, True, generator=gen) for pos in (0, 1)], 1
+    )
+    torch.manual_seed(seed)  # the kernels' uniform draws and recovered-token noise
+    out = rs.rejection_sample(
+        drafts.flatten().to(torch.int32).contiguous(),
+        [2] * ROWS,
+        2,
+        torch.arange(2, 2 * ROWS + 1, 2, dtype=torch.int32),
+        DRAFT.repeat(ROWS, 1),
+        TARGET.repeat(ROWS, 1),
+        torch.full((ROWS, 1), 7, dtype=torch.int32),
+        _metadata([1.0] * ROWS),
+    )
+    return drafts, out
+
+
+def test_random_acceptance_follows_the_probability_ratio_statistically() -> None:
+    """Speculative sampling's rule, as vLLM's own rejection-sampler tests check it:
+    a draft token d at a position is kept with probability min(1, p(d) / q(d)), and
+    the token emitted there is distributed as the target p whatever the draft. A rule
+    that ignores the uniform draw (keeps every draft the target gives any mass) emits
+    the draft's distribution instead, and fails both checks."""
+    drafts, out = _speculate(seed=1234)
+    kept0 = out[:, 0] == drafts[:, 0]
+    for token in range(8):
+        proposed = drafts[:, 0] == token
+        rate = kept0[proposed].float().mean().item()
+        want = min(1.0, (TARGET[0, token] / DRAFT[0, token]).item())
+        assert abs(rate - want) < 0.05, (token, rate, want)
+    emitted0 = torch.bincount(out[:, 0], minlength=8)[:8].float() / ROWS
+    assert (emitted0 - TARGET[0]).abs().sum().item() < 0.03, emitted0
+    # Position 1 is judged only where position 0's draft was kept; its emitted token
+    # is then distributed as the second target row.
+    second = out[kept0, 1]
+    emitted1 = torch.bincount(second, minlength=8)[:8].float() / len(second)
+    assert (emitted1 - TARGET[1]).abs().sum().item() < 0.05, emitted1
+    # Rows that rejected at position 0 end there.
+    assert (out[~kept0, 1] == P).all()

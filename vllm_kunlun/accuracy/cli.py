@@ -25,6 +25,8 @@ PROMPTS = (
 )
 """Prose, code and numbers: different parts of the vocabulary and of the attention."""
 DTYPES = ("auto", "float32", "bfloat16", "float16")
+# A prompts file is a handful of prompts; a larger one (or /dev/zero) is a wrong path.
+MAX_PROMPTS_BYTES = 1 << 20
 
 
 def add_parser(sub: Any) -> None:
@@ -39,7 +41,10 @@ def add_parser(sub: Any) -> None:
         "connection error.",
     )
     p.add_argument(
-        "--url", required=True, help="the server, e.g. http://127.0.0.1:8000"
+        "--url",
+        required=True,
+        type=server_url,
+        help="the server, e.g. http://127.0.0.1:8000",
     )
     p.add_argument(
         "--model",
@@ -79,19 +84,53 @@ class UsageError(ValueError):
     pass
 
 
+def server_url(text: str) -> str:
+    """An http(s) URL with a host: argparse answers anything else with exit 2."""
+    from urllib.parse import urlsplit
+
+    try:
+        parts = urlsplit(text.strip())
+        parts.port  # noqa: B018 (raises on a port that is not a number)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a URL ({exc})") from None
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not an http(s) URL with a host; give the server's address, "
+            "e.g. http://127.0.0.1:8000"
+        )
+    return text.strip()
+
+
 def read_prompts(path: str | None) -> list[str]:
-    """The built-in prompts, or FILE's: a JSON list of strings, else one per line."""
+    """The built-in prompts, or FILE's: a JSON list of strings, else one per line.
+    At most ``MAX_PROMPTS_BYTES`` are read (``/dev/zero`` never ends)."""
     if path is None:
         return list(PROMPTS)
     try:
-        with open(path, encoding="utf-8") as f:
-            text = f.read()
+        with open(path, "rb") as f:
+            raw = f.read(MAX_PROMPTS_BYTES + 1)
     except OSError as exc:
         raise UsageError(f"--prompts {path}: {exc.strerror or exc}") from None
+    if len(raw) > MAX_PROMPTS_BYTES:
+        raise UsageError(
+            f"--prompts {path}: larger than {MAX_PROMPTS_BYTES >> 20} MiB; give a file "
+            "of a few prompts"
+        )
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise UsageError(
+            f"--prompts {path}: not UTF-8 text ({exc.reason} at byte {exc.start}); "
+            "give a JSON list of strings or one prompt per line"
+        ) from None
     prompts: Any
     if text.lstrip().startswith("["):
         try:
             prompts = json.loads(text)
+        except RecursionError:
+            raise UsageError(
+                f"--prompts {path}: JSON nested too deeply; give a flat list of strings"
+            ) from None
         except ValueError as exc:
             raise UsageError(f"--prompts {path}: not valid JSON ({exc})") from None
         if not isinstance(prompts, list) or not all(

@@ -207,10 +207,21 @@ class Reference:
         else:
             transformers.utils.logging.disable_progress_bar()
         self.dtype = dtype
-        self.tokenizer = AutoTokenizer.from_pretrained(path)
-        self.model = AutoModelForCausalLM.from_pretrained(
-            path, dtype=getattr(torch, dtype)
-        ).eval()
+        try:
+            self.tokenizer = AutoTokenizer.from_pretrained(path)
+            self.model = AutoModelForCausalLM.from_pretrained(
+                path, dtype=getattr(torch, dtype)
+            ).eval()
+        # The CLI's boundary: whatever transformers raises for a checkpoint it cannot
+        # build (unknown architecture, missing files, bad shapes) is a usage error.
+        except Exception as exc:
+            first = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else ""
+            raise ReferenceUnavailable(
+                f"--model {path}: transformers {transformers.__version__} cannot load "
+                f"it ({type(exc).__name__}: {first}); give the checkpoint directory "
+                "the server was started on, complete (config.json, tokenizer, "
+                "weights)"
+            ) from None
 
     def tokenize(self, prompt: str) -> list[int]:
         """As vLLM 0.15.1 tokenizes a completion prompt: ``tokenizer(text,

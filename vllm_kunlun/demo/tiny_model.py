@@ -361,13 +361,71 @@ def is_tiny_checkpoint(directory: str | os.PathLike[str]) -> bool:
     return (Path(directory) / MARKER).is_file()
 
 
+def safetensors_problem(directory: str | os.PathLike[str]) -> str | None:
+    """Why ``directory``'s weights would not load (None: there is a ``*.safetensors``
+    file and each one's header parses and its data is all there). Reads headers only."""
+    files = sorted(Path(directory).glob("*.safetensors"))
+    if not files:
+        return "no *.safetensors file"
+    for path in files:
+        try:
+            size = path.stat().st_size
+            with open(path, "rb") as f:
+                head = f.read(8)
+                length = int.from_bytes(head, "little") if len(head) == 8 else -1
+                if not 0 <= length <= size - 8:
+                    return f"{path.name}: {size} bytes, its header does not fit"
+                header = json.loads(f.read(length))
+            ends = [
+                int(v["data_offsets"][1])
+                for k, v in header.items()
+                if k != "__metadata__"
+            ]
+        except (OSError, ValueError, KeyError, TypeError, IndexError) as exc:
+            return f"{path.name}: unreadable header ({type(exc).__name__}: {exc})"
+        need = 8 + length + max(ends, default=0)
+        if size < need:
+            return f"{path.name}: truncated, {size} of {need} bytes"
+    return None
+
+
+def ensure_complete(
+    directory: str | os.PathLike[str], marker: dict, write: Any
+) -> Path:
+    """``write(directory)`` unless ``directory`` holds a complete checkpoint with
+    ``marker`` whose weights load; a cached one that would not load (a truncated copy,
+    a full disk) is rebuilt once, with a warning naming the cause."""
+    if has_marker(directory, marker):
+        problem = safetensors_problem(directory)
+        if problem is None:
+            return Path(directory)
+        from vllm_kunlun.logger import init_logger
+
+        init_logger(__name__).warning(
+            "vllm-kunlun: the cached tiny model in %s does not load (%s); rebuilding it",
+            directory,
+            problem,
+        )
+        (Path(directory) / MARKER).unlink(missing_ok=True)
+    write(directory)
+    problem = safetensors_problem(directory)
+    if problem is not None:
+        raise OutputDirError(
+            f"the tiny model written to {directory} does not load ({problem}); check "
+            "the free space and permissions there, or delete the directory"
+        )
+    return Path(directory)
+
+
 def ensure_tiny_model(
     directory: str | os.PathLike[str], spec: TinySpec | None = None
 ) -> Path:
     """Build the model into ``directory`` unless a complete one of this spec is in it."""
-    if not is_tiny_model(directory, spec):
-        write_tiny_model(directory, spec)
-    return Path(directory)
+    return ensure_complete(
+        directory,
+        (spec or TinyQwen3Spec()).marker(),
+        lambda d: write_tiny_model(d, spec),
+    )
 
 
 def default_cache_dir(spec: TinySpec | None = None) -> Path:

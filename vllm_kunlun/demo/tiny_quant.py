@@ -186,11 +186,13 @@ def ensure_tiny_w8a8(
     """Build the W8A8 checkpoint into ``directory`` unless a complete one is there;
     from a complete float checkpoint of ``spec`` in ``float_dir`` when given (the
     trained MTP model is not trained twice)."""
-    from vllm_kunlun.demo.tiny_model import has_marker
+    from vllm_kunlun.demo.tiny_model import ensure_complete
 
-    if not has_marker(directory, w8a8_marker(spec)):
-        write_tiny_w8a8(directory, spec, float_dir)
-    return Path(directory)
+    return ensure_complete(
+        directory,
+        w8a8_marker(spec),
+        lambda d: write_tiny_w8a8(d, spec, float_dir),
+    )
 
 
 def write_tiny_w8a8(

@@ -12,6 +12,9 @@ hour later with a traceback.
   100000 layers, a million heads or a 2^30 vocabulary raises ``ModelDimensionError``
   naming the field, the value and the bound, before vLLM starts building layers (it
   would otherwise spend minutes and gigabytes on them).
+- Pipeline partition: a ``VLLM_PP_LAYER_PARTITION`` with a stage of no (or negative)
+  layers, the wrong number of stages or the wrong total raises ``PipelinePartitionError``
+  naming the value and a valid one (vLLM alone fails in the loader or an assertion).
 These run from ``KunlunPlatform.check_and_update_config`` (``check_engine_config``);
 host emulation runs the stack and model-dimension guards (``config_range_guard``).
 The model path is guarded by a runtime patch (``guards/model_path.py``).
@@ -38,6 +41,7 @@ from vllm_kunlun.checks.model_shape import (
     check_config_ranges,
     weights_bytes_per_card,
 )
+from vllm_kunlun.checks.pp_partition import pp_partition_problem
 from vllm_kunlun.checks.stack import stack_status
 from vllm_kunlun.logger import init_logger
 from vllm_kunlun.versions import installed_version
@@ -92,6 +96,24 @@ def config_range_guard(vllm_config: VllmConfig) -> None:
             f"vllm-kunlun: {exc}, in {model_config.model}: refused before vLLM builds "
             f"the model. Fix: {CONFIG_RANGE_FIX}"
         ) from None
+
+
+class PipelinePartitionError(RuntimeError):
+    """``VLLM_PP_LAYER_PARTITION`` that does not fit the model and the stages (a
+    RuntimeError for the reason ``ModelDimensionError`` gives)."""
+
+
+def pp_partition_guard(vllm_config: VllmConfig) -> None:
+    pp = vllm_config.parallel_config.pipeline_parallel_size
+    model_config = vllm_config.model_config
+    if pp <= 1 or model_config is None:
+        return
+    import vllm.envs
+
+    layers = model_config.get_total_num_hidden_layers()
+    problem = pp_partition_problem(vllm.envs.VLLM_PP_LAYER_PARTITION, pp, layers)
+    if problem:
+        raise PipelinePartitionError(f"vllm-kunlun: {problem}")
 
 
 def engine_budget(vllm_config: VllmConfig) -> Budget | None:
@@ -153,6 +175,7 @@ def check_engine_config(vllm_config: VllmConfig, *, budget: bool = True) -> None
     there is no device memory to fill (host emulation)."""
     stack_guard()
     config_range_guard(vllm_config)
+    pp_partition_guard(vllm_config)
     if not budget:
         return
     try:

@@ -239,10 +239,13 @@ def _make_bounded(original: Any) -> Any:
     ) -> Any:
         bound = envs.VLLM_KUNLUN_SHUTDOWN_TIMEOUT
         uvicorn_kwargs.setdefault("timeout_graceful_shutdown", drain_seconds(bound))
+        # Read now: vLLM's lifespan ends with ``del app.state``, which has run by the
+        # time serving stops when the engine died.
+        engine_client = getattr(getattr(app, "state", None), "engine_client", None)
         shutdown = await original(app, sock, enable_ssl_refresh, **uvicorn_kwargs)
         # Serving has stopped (a signal, or the watchdog saw the engine die); vLLM
         # shuts the engine down next, then awaits ``shutdown``.
-        begin_stop(getattr(app.state, "engine_client", None), bound)
+        begin_stop(engine_client, bound)
         return shutdown
 
     return serve_http

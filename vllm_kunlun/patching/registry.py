@@ -135,6 +135,16 @@ REGISTRY: tuple[RuntimePatch, ...] = (
         "vLLM's rejection sampler has a non-Triton path",
     ),
     RuntimePatch(
+        "rejection_allowed_token_ids",
+        "vllm_kunlun.ops.sampling.rejection_mask",
+        ("vllm.v1.sample.rejection_sampler.RejectionSampler.apply_logits_processors",),
+        "a request with allowed_token_ids under speculative decoding kills the engine "
+        "core (its draft positions are mapped to no request: masked_fill_ size "
+        "mismatch) and with it the API server",
+        _WORKER,
+        "vLLM counts requests by num_draft_tokens in apply_logits_processors",
+    ),
+    RuntimePatch(
         "kunlun_int8_scaled_mm_kernel",
         "vllm_kunlun.ops.int8.int8_kernel_table_patch",
         (
@@ -306,6 +316,27 @@ REGISTRY: tuple[RuntimePatch, ...] = (
         "vLLM answers a non-object request body with 400",
     ),
     RuntimePatch(
+        "sync_client_engine_death",
+        "vllm_kunlun.guards.engine_death",
+        (
+            "vllm.v1.engine.core_client.SyncMPClient.get_output",
+            "vllm.v1.engine.core_client.SyncMPClient.call_utility",
+        ),
+        "an offline LLM (the demo) whose engine core process dies waits for ever: "
+        "the client's monitor stops the thread that would wake its waiters",
+        _FRONT,
+        "vLLM's sync client wakes its waiters when the engine dies",
+    ),
+    RuntimePatch(
+        "openai_error_status",
+        "vllm_kunlun.guards.error_status",
+        ("vllm.entrypoints.openai.api_server.build_app",),
+        "the chat and completion routes return the error their handler raised as a "
+        "body with HTTP status 200 (an unreachable image URL, a dead engine)",
+        _FRONT,
+        "vLLM's routes answer errors with their status",
+    ),
+    RuntimePatch(
         "image_decode_check",
         "vllm_kunlun.guards.media",
         (
@@ -316,6 +347,42 @@ REGISTRY: tuple[RuntimePatch, ...] = (
         "parser and fails in the multimodal processor: a 500 instead of a 400",
         _FRONT,
         "vLLM decodes images while it parses a request",
+    ),
+    RuntimePatch(
+        "speculative_config_limits",
+        "vllm_kunlun.guards.speculative_limits",
+        ("vllm.engine.arg_utils.EngineArgs.create_speculative_config",),
+        "num_speculative_tokens=1e9 grows the API server without bound (an O(N^2) "
+        "token tree) before any engine starts; a non-object config is an "
+        "AttributeError",
+        _FRONT,
+        "vLLM bounds num_speculative_tokens and checks the config's type",
+    ),
+    RuntimePatch(
+        "media_input_checks",
+        "vllm_kunlun.guards.media_inputs",
+        (
+            "vllm.multimodal.utils.MediaConnector._load_data_url",
+            "vllm.multimodal.media.video.VideoMediaIO.load_base64",
+            "vllm.multimodal.media.video.VideoMediaIO.load_bytes",
+        ),
+        "a data URL without ';base64', a video/jpeg frame list or a picture sent as "
+        "video_url fails with an error that names nothing the client sent (some as "
+        "500s)",
+        _FRONT,
+        "vLLM validates data URLs and video inputs while it parses a request",
+    ),
+    RuntimePatch(
+        "media_fetch_limit",
+        "vllm_kunlun.guards.media",
+        (
+            "vllm.connections.HTTPConnection.get_bytes",
+            "vllm.connections.HTTPConnection.async_get_bytes",
+        ),
+        "an image or video URL's body is read whole into the API server, whatever "
+        "its size (1.5 GB within the 5 s fetch timeout, kept as resident memory)",
+        _FRONT,
+        "vLLM bounds the size of a media download",
     ),
     RuntimePatch(
         "serve_shutdown_bound",

@@ -18,7 +18,9 @@ one token drawn with ``generator`` (the global RNG when None). Tokens are int32,
 ``indices``' dtype. A row with NaN, a negative weight or no mass raises (the real kernel
 would return garbage; a test should hear about it).
 
-Each call is kept in ``CALLS`` (a ``Call``: clones of the tensors, the output) and, when
+Each call is kept in ``CALLS`` (a ``Call``: clones of the tensor arguments up to
+``CLONE_LIMIT`` elements, larger ones as ``meta`` tensors of the same shape and dtype,
+the output) and, when
 ``FAKE_KUNLUN_OPS_RECORD`` names a file, appended to it as one JSON line with the
 output tokens and the values of the per-row parameters (engine processes a test did not
 start leave their draws there too).
@@ -46,13 +48,22 @@ _ORDERS = ("top_k_first", "joint")
 @dataclass
 class Call:
     name: str
-    tensors: dict[str, torch.Tensor]  # clones of the tensor arguments
+    tensors: dict[str, torch.Tensor]  # clones (meta beyond CLONE_LIMIT elements)
     contiguous: dict[str, bool]
     scalars: dict[str, Any]
     out: torch.Tensor | None = None  # what the kernel returned
 
 
 CALLS: list[Any] = []
+# A state pool or KV cache is passed whole on every call: cloning it into every record
+# grew an engine process by gigabytes in seconds. What tests read (parameters, indices,
+# a batch's probabilities) is far smaller.
+CLONE_LIMIT = 1 << 18
+
+
+def _kept(v: torch.Tensor) -> torch.Tensor:
+    v = v.detach()
+    return v.clone() if v.numel() <= CLONE_LIMIT else v.to("meta")
 
 
 def reset() -> None:
@@ -60,7 +71,7 @@ def reset() -> None:
 
 
 def _record(name: str, **kwargs: Any) -> Call:
-    tensors = {k: v.detach().clone() for k, v in kwargs.items() if torch.is_tensor(v)}
+    tensors = {k: _kept(v) for k, v in kwargs.items() if torch.is_tensor(v)}
     contiguous = {k: v.is_contiguous() for k, v in kwargs.items() if torch.is_tensor(v)}
     scalars = {k: v for k, v in kwargs.items() if not torch.is_tensor(v)}
     call = Call(name, tensors, contiguous, scalars)

@@ -102,7 +102,20 @@ def test_usage_and_connection_errors_exit_2_with_only_json(
     d = write_ckpt(tmp_path / "m", {"dtype": "float32"}, {"a": torch.zeros(2)})
     bad = tmp_path / "bad.json"
     bad.write_text("[1, 2]")
-    assert main(["accuracy", "--url", "x", "--model", d, "--prompts", str(bad)]) == 2
+    assert (
+        main(
+            [
+                "accuracy",
+                "--url",
+                "http://127.0.0.1:9",
+                "--model",
+                d,
+                "--prompts",
+                str(bad),
+            ]
+        )
+        == 2
+    )
     assert "list of strings" in capsys.readouterr().err
     code = main(["accuracy", "--url", "http://127.0.0.1:9", "--model", d, "--json"])
     out = capsys.readouterr().out

@@ -315,3 +315,59 @@ def test_its_own_output_is_refreshed(tmp_path: Path) -> None:
     (target / tiny_model.MARKER).unlink()  # interrupted before the end
     tiny_model.write_tiny_model(target)
     assert tiny_model.is_tiny_model(target)
+
+
+def test_a_truncated_cached_model_is_rebuilt_once_with_a_warning(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """A cache whose marker says complete but whose weights were cut (a copy that
+    stopped, a full disk) used to fail every later demo with a SafetensorError."""
+    from safetensors.torch import load_file
+
+    from vllm_kunlun.demo.tiny_model import ensure_tiny_model, safetensors_problem
+
+    cache = tmp_path / "cache"
+    ensure_tiny_model(cache)
+    weights = cache / "model.safetensors"
+    good = weights.read_bytes()
+    weights.write_bytes(good[: len(good) // 2])
+    problem = safetensors_problem(cache)
+    assert problem is not None and "truncated" in problem
+    from safetensors import SafetensorError
+
+    with pytest.raises(SafetensorError):  # what the engine met
+        load_file(str(weights))
+
+    ensure_tiny_model(cache)
+    assert weights.read_bytes() == good
+    assert safetensors_problem(cache) is None
+    captured = capfd.readouterr()
+    assert "does not load (model.safetensors: truncated" in captured.out + captured.err
+
+
+@pytest.mark.parametrize(
+    ("cut", "words"),
+    [(0, "header does not fit"), (4, "header does not fit"), (40, "does not fit")],
+)
+def test_safetensors_problem_names_a_broken_header(
+    tmp_path: Path, cut: int, words: str
+) -> None:
+    from vllm_kunlun.demo.tiny_model import safetensors_problem, write_tiny_model
+
+    write_tiny_model(tmp_path / "m")
+    weights = tmp_path / "m" / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:cut])
+    problem = safetensors_problem(tmp_path / "m")
+    assert problem is not None and words in problem
+
+
+def test_safetensors_problem_names_a_header_that_is_not_json(tmp_path: Path) -> None:
+    from vllm_kunlun.demo.tiny_model import safetensors_problem, write_tiny_model
+
+    write_tiny_model(tmp_path / "m")
+    weights = tmp_path / "m" / "model.safetensors"
+    data = bytearray(weights.read_bytes())
+    data[8:12] = b"!!!!"
+    weights.write_bytes(bytes(data))
+    problem = safetensors_problem(tmp_path / "m")
+    assert problem is not None and "unreadable header" in problem

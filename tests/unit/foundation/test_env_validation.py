@@ -39,6 +39,8 @@ MALFORMED: dict[str, list[str]] = {
     "VLLM_KUNLUN_TP_SAMPLE_BROADCAST": ["2", "always"],
     "VLLM_KUNLUN_PATCH_DIR": ["/no/such/patch/set"],
     "VLLM_KUNLUN_MAX_N": ["0", "-3", "1.5", "lots", "1e9", "65537"],
+    "VLLM_KUNLUN_MAX_MEDIA_MIB": ["0", "-1", "inf", "nan", "1e-320", "16385", "big"],
+    "VLLM_KUNLUN_MAX_SPEC_TOKENS": ["0", "-1", "1.5", "65", "1000000000", "many"],
     "VLLM_KUNLUN_SHUTDOWN_TIMEOUT": ["0", "0.5", "-1", "inf", "nan", "601", "soon"],
     "VLLM_KUNLUN_RAY_PG_TIMEOUT": ["0", "0.5", "-1", "inf", "3601", "never"],
 }
@@ -73,6 +75,8 @@ def test_platform_start_refuses_each_malformed_value(
         "VLLM_KUNLUN_EMULATION_KV_CACHE_GIB": "positive number no larger than 1024",
         "VLLM_KUNLUN_PATCH_DIR": "existing directory",
         "VLLM_KUNLUN_MAX_N": "whole number from 1 to 65536",
+        "VLLM_KUNLUN_MAX_MEDIA_MIB": "positive number no larger than 16384",
+        "VLLM_KUNLUN_MAX_SPEC_TOKENS": "whole number from 1 to 64",
         "VLLM_KUNLUN_SHUTDOWN_TIMEOUT": "positive number no larger than 600",
         "VLLM_KUNLUN_RAY_PG_TIMEOUT": "positive number no larger than 3600",
     }.get(name, "1/0, true/false")

@@ -34,10 +34,21 @@ def _png(mode: str = "RGB") -> bytes:
     return buf.getvalue()
 
 
+@pytest.fixture
+def unpatched() -> Iterator[None]:
+    """vLLM's own loader for one test, whatever an earlier test installed."""
+    was = media.installed()
+    media.uninstall()
+    try:
+        yield
+    finally:
+        if was:
+            media.install()
+
+
+@pytest.mark.usefixtures("unpatched")
 def test_without_the_patch_a_truncated_png_passes_the_loader() -> None:
     """What the patch is for: vLLM's loader reads only the header of an RGB PNG."""
-    if media.installed():
-        pytest.skip("installed by another test in this process")
     loaded = ImageMediaIO().load_bytes(_png()[:80])
     with pytest.raises(OSError):
         loaded.media.load()
@@ -77,3 +88,36 @@ def test_good_images_load_as_before(mode: str, tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="could not be decoded"):
         path.write_bytes(data[:70])
         ImageMediaIO().load_file(path)
+
+
+def _bomb_png() -> bytes:
+    """A valid 1 x 1 PNG whose header then claims 100000 x 100000 pixels (the IHDR
+    CRC recomputed): about 70 bytes that Pillow refuses to open."""
+    import struct
+    import zlib
+
+    data = bytearray(_tiny_png())
+    width_at = 16  # signature (8) + length (4) + "IHDR" (4)
+    data[width_at : width_at + 8] = struct.pack(">II", 100000, 100000)
+    crc = zlib.crc32(bytes(data[12:29])) & 0xFFFFFFFF
+    data[29:33] = struct.pack(">I", crc)
+    return bytes(data)
+
+
+def _tiny_png() -> bytes:
+    buf = io.BytesIO()
+    Image.new("RGB", (1, 1)).save(buf, format="PNG")
+    return buf.getvalue()
+
+
+@pytest.mark.usefixtures("patched")
+def test_a_decompression_bomb_is_a_value_error_naming_the_pixel_limit() -> None:
+    bomb = _bomb_png()
+    assert len(bomb) < 200
+    with pytest.raises(Image.DecompressionBombError):  # what vLLM alone meets
+        Image.open(io.BytesIO(bomb))
+    with pytest.raises(ValueError) as refused:
+        ImageMediaIO().load_bytes(bomb)
+    message = str(refused.value)
+    assert "more pixels than the server decodes" in message
+    assert str(Image.MAX_IMAGE_PIXELS) in message

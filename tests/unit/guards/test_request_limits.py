@@ -177,7 +177,7 @@ def test_a_different_upstream_signature_is_left_alone(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setattr(InputProcessor, "process_inputs", lambda self, x: None)
-    assert rl.install() is False
+    assert rl.install_request_guard() is False
     assert not rl.installed()
 
 

@@ -327,3 +327,30 @@ def test_the_bound_is_a_validated_variable(monkeypatch: pytest.MonkeyPatch) -> N
     with pytest.raises(envs.EnvVarError, match="at least 1"):
         envs.read("VLLM_KUNLUN_SHUTDOWN_TIMEOUT")
     assert os.environ["VLLM_KUNLUN_SHUTDOWN_TIMEOUT"] == "0.1"
+
+
+def test_the_stop_begins_when_vllms_lifespan_deleted_the_app_state(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """When the engine dies, vLLM's lifespan has run ``del app.state`` by the time
+    ``serve_http`` returns: the wrapper used to read ``app.state`` then and exit through
+    an AttributeError traceback, skipping the bounded stop."""
+    import asyncio
+    from types import SimpleNamespace
+
+    from vllm_kunlun.guards import shutdown
+
+    client = object()
+    app = SimpleNamespace(state=SimpleNamespace(engine_client=client))
+
+    async def serve_http(
+        app: Any, sock: Any, enable_ssl_refresh: bool = False, **kw: Any
+    ) -> str:
+        del app.state  # what vLLM's lifespan does when serving ends
+        return "shutdown"
+
+    begun: list[object] = []
+    monkeypatch.setattr(shutdown, "begin_stop", lambda c, bound=None: begun.append(c))
+    wrapped = shutdown._make_bounded(serve_http)
+    assert asyncio.run(wrapped(app, None)) == "shutdown"
+    assert begun == [client]
