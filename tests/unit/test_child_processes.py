@@ -49,3 +49,30 @@ def test_child_env_puts_the_quick_exit_first() -> None:
     )
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip().endswith("tests/childsite/sitecustomize.py")
+
+
+@pytest.mark.parametrize(
+    ("output", "port"),
+    [
+        (
+            "torch.distributed.DistNetworkError: The server socket has failed to "
+            "listen on any local network address. port: 41237, useIpv6: 0, code: -98, "
+            "name: EADDRINUSE, message: address already in use",
+            "41237",
+        ),
+        (
+            "zmq.error.ZMQError: Address already in use (addr='tcp://127.0.0.1:5555')",
+            "?",
+        ),
+        ("OSError: [Errno 98] Address already in use", "?"),
+        ("RuntimeError: CUDA out of memory", None),
+    ],
+)
+def test_an_engine_whose_port_was_taken_is_recognised(
+    output: str, port: str | None
+) -> None:
+    """run_spec starts such an engine once more (the other xdist worker took the port
+    between vLLM's choice and its bind); any other failure fails the test at once."""
+    from tests.integration.engine_specs import port_taken
+
+    assert port_taken(output) == port
