@@ -200,7 +200,9 @@ def check_kv_budget(ctx: Context, device_runtime: Any = None) -> Finding:
             str(exc),
             CONFIG_RANGE_FIX,
         )
-    shape = shape.with_mamba_cache_dtype(ctx.mamba_cache_dtype)
+    shape = shape.with_mamba_cache_dtype(
+        ctx.mamba_cache_dtype, ctx.mamba_ssm_cache_dtype
+    )
     memory = device_memory_bytes(ctx.device_memory_bytes, device_runtime)
     device, device_source = memory.total_bytes, memory.source
     tp = ctx.tensor_parallel_size
@@ -236,6 +238,7 @@ def check_kv_budget(ctx: Context, device_runtime: Any = None) -> Finding:
         "attention_layers": shape.attention_layers,
         "dtype": shape.dtype,
         "state_dtype": shape.state_dtype or shape.dtype,
+        "ssm_state_dtype": shape.recurrent_dtype,
         "weights_source": weights_source,
     }
     alternative = ""

@@ -47,7 +47,10 @@ class Context:
     max_num_seqs: int = 256
     gpu_memory_utilization: float = 0.9
     mamba_cache_dtype: str = "auto"
-    """vLLM's --mamba-cache-dtype: dtype of the linear-attention (GDN) state."""
+    """vLLM's --mamba-cache-dtype: dtype of the linear-attention (GDN) conv state."""
+    mamba_ssm_cache_dtype: str = "auto"
+    """vLLM's --mamba-ssm-cache-dtype: the GDN recurrent state's dtype; 'auto': the
+    checkpoint's ``mamba_ssm_dtype``, else the conv state's (ops/gdn/state_dtype.py)."""
     num_speculative_tokens: int = 0
     """``num_speculative_tokens`` of --speculative-config (MTP); 0: none."""
     dev_root: str = "/dev"

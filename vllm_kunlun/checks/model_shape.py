@@ -24,6 +24,7 @@ from vllm_kunlun.checks.config_file import (
     config_int,
     config_key,
 )
+from vllm_kunlun.ops.gdn.state_dtype import checkpoint_ssm_dtype, gdn_state_dtypes
 
 GIB = 1 << 30
 KERNEL_BLOCK_ALIGNMENT = 16
@@ -73,7 +74,10 @@ class ModelShape:
     linear_value_head_dim: int = 0
     linear_conv_kernel_dim: int = 0
     state_dtype: str = ""
-    """GDN state dtype (vLLM's --mamba-cache-dtype); empty: the model dtype ('auto')."""
+    """GDN conv state dtype (vLLM's --mamba-cache-dtype); empty: the model dtype."""
+    ssm_dtype: str = ""
+    """GDN recurrent state dtype (``ops/gdn/state_dtype.py``: --mamba-ssm-cache-dtype,
+    else the checkpoint's ``mamba_ssm_dtype``); empty: as the conv state."""
     block_size: int = 0
     """Attention block size the engine was given (--block-size); 0: vLLM's choice."""
     hidden_size: int = 0
@@ -113,6 +117,14 @@ class ModelShape:
     @property
     def state_dtype_bytes(self) -> int:
         return DTYPE_BYTES.get(self.state_dtype or self.dtype, 2)
+
+    @property
+    def recurrent_dtype(self) -> str:
+        return self.ssm_dtype or self.state_dtype or self.dtype
+
+    @property
+    def ssm_dtype_bytes(self) -> int:
+        return DTYPE_BYTES.get(self.recurrent_dtype, 2)
 
     @property
     def is_moe(self) -> bool:
@@ -166,11 +178,20 @@ class ModelShape:
             self, num_layers=linear + attention, linear_layers=linear
         )
 
-    def with_mamba_cache_dtype(self, mamba_cache_dtype: str) -> ModelShape:
-        """vLLM's ``--mamba-cache-dtype``: 'auto' keeps the model dtype."""
-        if mamba_cache_dtype in ("", "auto"):
-            return self
-        return dataclasses.replace(self, state_dtype=mamba_cache_dtype)
+    def with_mamba_cache_dtype(
+        self, mamba_cache_dtype: str, mamba_ssm_cache_dtype: str = "auto"
+    ) -> ModelShape:
+        """vLLM's ``--mamba-cache-dtype`` and ``--mamba-ssm-cache-dtype`` by the
+        plugin's rule (``ops/gdn/state_dtype.py``), over the checkpoint's
+        ``mamba_ssm_dtype`` already in ``ssm_dtype``."""
+        conv, ssm = gdn_state_dtypes(
+            self.dtype, mamba_cache_dtype, mamba_ssm_cache_dtype, self.ssm_dtype or None
+        )
+        return dataclasses.replace(
+            self,
+            state_dtype="" if conv == self.dtype else conv,
+            ssm_dtype="" if ssm == conv else ssm,
+        )
 
     @classmethod
     def from_config(cls, config: Mapping[str, Any]) -> ModelShape:
@@ -258,6 +279,7 @@ class ModelShape:
             linear_key_head_dim=dim("linear_key_head_dim"),
             linear_value_head_dim=dim("linear_value_head_dim"),
             linear_conv_kernel_dim=dim("linear_conv_kernel_dim"),
+            ssm_dtype=checkpoint_ssm_dtype(config) or "",
             hidden_size=moe_dim("hidden_size"),
             num_experts=moe_dim("num_experts"),
             experts_per_tok=moe_dim("num_experts_per_tok"),
@@ -290,7 +312,7 @@ class ModelShape:
             * self.linear_key_head_dim
             * self.linear_value_head_dim
         )
-        return (conv + recurrent) * self.state_dtype_bytes
+        return conv * self.state_dtype_bytes + recurrent * self.ssm_dtype_bytes
 
     def attention_page_bytes_per_token(self, tp: int) -> int:
         """K and V of one token in one attention layer on one card."""

@@ -55,7 +55,15 @@ def add_parser(sub: Any) -> None:
         "--mamba-cache-dtype",
         choices=("auto", "float32", "bfloat16", "float16"),
         default="auto",
-        help="as vLLM's flag: dtype of the linear-attention state (auto: model dtype)",
+        help="as vLLM's flag: dtype of the linear-attention conv state (auto: model "
+        "dtype)",
+    )
+    p.add_argument(
+        "--mamba-ssm-cache-dtype",
+        choices=("auto", "float32", "bfloat16", "float16"),
+        default="auto",
+        help="as vLLM's flag: dtype of the linear-attention recurrent state (auto: "
+        "the checkpoint's mamba_ssm_dtype, else the conv state's)",
     )
     p.add_argument(
         "--device-memory-gib",
@@ -93,6 +101,7 @@ def run(args: argparse.Namespace) -> int:
         max_num_seqs=args.max_num_seqs,
         gpu_memory_utilization=args.gpu_memory_utilization,
         mamba_cache_dtype=args.mamba_cache_dtype,
+        mamba_ssm_cache_dtype=args.mamba_ssm_cache_dtype,
         num_speculative_tokens=args.num_speculative_tokens,
         device_memory_bytes=(
             None

@@ -128,7 +128,10 @@ def engine_budget(vllm_config: VllmConfig) -> Budget | None:
         shape,
         dtype=str(model_config.dtype).replace("torch.", ""),
         block_size=int(getattr(cache, "block_size", None) or 0),
-    ).with_mamba_cache_dtype(str(getattr(cache, "mamba_cache_dtype", "auto")))
+    ).with_mamba_cache_dtype(
+        str(getattr(cache, "mamba_cache_dtype", "auto")),
+        str(getattr(cache, "mamba_ssm_cache_dtype", "auto")),
+    )
     from vllm.platforms import current_platform
 
     try:

@@ -55,7 +55,6 @@ from vllm.model_executor.layers.mamba.mamba_mixer2 import mamba_v2_sharded_weigh
 from vllm.model_executor.layers.mamba.mamba_utils import (
     MambaStateCopyFunc,
     MambaStateCopyFuncCalculator,
-    MambaStateDtypeCalculator,
     MambaStateShapeCalculator,
 )
 from vllm.model_executor.layers.vocab_parallel_embedding import (
@@ -91,6 +90,7 @@ from vllm.v1.kv_cache_interface import KVCacheSpec, MambaSpec
 
 from vllm_kunlun.logger import init_logger
 from vllm_kunlun.models.qwen3_5_config import num_spec, refuse_unsupported, text_config
+from vllm_kunlun.ops.gdn.state_dtype import gdn_state_dtypes_for
 
 if TYPE_CHECKING:
     from vllm.multimodal.inputs import MultiModalFeatureSpec
@@ -228,6 +228,10 @@ class Qwen3_5GatedDeltaNet(Qwen3NextGatedDeltaNet):
             raise ValueError(f"Duplicate layer name: {prefix}")
         context[prefix] = self
 
+    def get_state_dtype(self) -> tuple[torch.dtype, torch.dtype]:
+        """(conv, recurrent) by the plugin's rule, not vLLM's single mamba dtype."""
+        return state_torch_dtypes(self.model_config, self.cache_config)
+
     def get_kv_cache_spec(self, vllm_config: VllmConfig) -> KVCacheSpec | None:
         """vLLM's ``MambaBase.get_kv_cache_spec`` without its model-type gate: it
         refuses speculative decoding for every hybrid but ``qwen3_next``, whose GDN
@@ -265,6 +269,14 @@ class Qwen3_5GatedDeltaNet(Qwen3NextGatedDeltaNet):
 
 # Builds a layer's MLP from (vllm_config, prefix=...): the MoE models' sparse block.
 SparseBlock = Callable[..., nn.Module]
+
+
+def state_torch_dtypes(model: Any, cache: Any) -> tuple[torch.dtype, torch.dtype]:
+    """The GDN states' dtypes by the plugin's rule (``ops/gdn/state_dtype.py``): the
+    recurrent state follows ``--mamba-ssm-cache-dtype``, else the checkpoint's
+    ``mamba_ssm_dtype``, where vLLM would keep it in the model dtype."""
+    conv, ssm = gdn_state_dtypes_for(model, cache)
+    return getattr(torch, conv), getattr(torch, ssm)
 
 
 class Qwen3_5DecoderLayer(nn.Module):
@@ -595,9 +607,7 @@ class Qwen3_5ForCausalLM(
     def get_mamba_state_dtype_from_config(
         cls, vllm_config: VllmConfig
     ) -> tuple[torch.dtype, torch.dtype]:
-        return MambaStateDtypeCalculator.gated_delta_net_state_dtype(
-            vllm_config.model_config.dtype, vllm_config.cache_config.mamba_cache_dtype
-        )
+        return state_torch_dtypes(vllm_config.model_config, vllm_config.cache_config)
 
     @classmethod
     def get_mamba_state_shape_from_config(

@@ -460,3 +460,33 @@ def test_no_visible_device_still_assumes_a_p800_quietly(tmp_path: Path) -> None:
     assert f.status == "ok", f
     assert "device_runtime_error" not in f.details
     assert "no device visible: assumed a P800" in f.details["arithmetic"][0]
+
+
+# Every released Qwen3.5 / Qwen3-Next config (and so the log's model) names the
+# recurrent state's dtype beside the model's bf16.
+LOG_CONFIG = {**NESTED, "text_config": {**TEXT, "mamba_ssm_dtype": "float32"}}
+
+
+def test_the_logs_config_keeps_the_recurrent_state_in_float32(tmp_path: Path) -> None:
+    """The log's settings (TP 8, 256 seqs, vLLM's default flags) give the log's
+    4.69 GiB again: conv state bf16 3840 x 2 B + recurrent float32 98304 x 4 B =
+    400896 B per page, padded to 400 attention tokens = 409600 B, as all-float32."""
+    model = _model_dir(tmp_path, LOG_CONFIG)
+    f = _check(model, tensor_parallel_size=8, max_num_seqs=256)
+    assert f.details["state_dtype"] == "bfloat16"
+    assert f.details["ssm_state_dtype"] == "float32"
+    assert f.details["state_bytes"] == FP32_STATE_256
+    assert "4.69 GiB for 256 seqs" in f.cause
+    shape = ModelShape.from_config(LOG_CONFIG)
+    assert shape.state_page_bytes(8) == 3840 * 2 + 98304 * 4
+
+
+def test_the_operator_flag_overrides_the_checkpoints_state_dtype(
+    tmp_path: Path,
+) -> None:
+    model = _model_dir(tmp_path, LOG_CONFIG)
+    f = _check(
+        model, tensor_parallel_size=8, max_num_seqs=256, mamba_ssm_cache_dtype="float16"
+    )
+    assert f.details["ssm_state_dtype"] == "float16"
+    assert f.details["state_bytes"] == 256 * 48 * BF16_PAGE_TP8
