@@ -232,6 +232,9 @@ def _print_report(report: Any) -> None:
         print(f"attention       : {', '.join(info.get('attention_backends') or [])}")
         for line in gdn_lines(info.get("gdn_kernels") or []):
             print(f"GDN kernels     : {line}")
+        if info.get("gdn_state_dtypes"):
+            conv, recurrent = info["gdn_state_dtypes"]
+            print(f"GDN state       : conv {conv}, recurrent {recurrent}")
         if info.get("linear_kernels"):
             print(f"linear kernels  : {', '.join(info['linear_kernels'])}")
         if info.get("int8_kernels"):

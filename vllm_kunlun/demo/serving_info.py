@@ -104,6 +104,7 @@ class ServingInfo:
             "int8_kernels": int8,
             "draft_linear_kernels": draft_kernels,
             "gdn_kernels": _gdn_kernels(),
+            "gdn_state_dtypes": _gdn_state_dtypes(model),
             "moe_kernels": _moe_kernels(),
             "moe_experts": _moe_experts(model),
             "kv_blocks": _kv_blocks(runner),
@@ -115,6 +116,17 @@ def _gdn_kernels() -> list[dict[str, str]]:
     imported by the hybrid models' layer patches only)."""
     seam = sys.modules.get("vllm_kunlun.ops.gdn.seam")
     return seam.served() if seam is not None else []
+
+
+def _gdn_state_dtypes(model: Any) -> list[str] | None:
+    """(conv, recurrent) dtypes of the first Gated DeltaNet layer's states as the
+    engine allocated them; None for a model without such layers."""
+    for module in getattr(model, "modules", list)():
+        if "GatedDeltaNet" in type(module).__name__ and hasattr(
+            module, "get_state_dtype"
+        ):
+            return [str(d).removeprefix("torch.") for d in module.get_state_dtype()]
+    return None
 
 
 def _moe_experts(model: Any) -> dict[str, Any] | None:
