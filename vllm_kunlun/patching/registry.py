@@ -40,7 +40,9 @@ class Phase(enum.Enum):
         "the platform's verify_quantization, in the process that configures a "
         "quantized model"
     )
-    HYBRID_MODEL = "the Qwen3.5 model's constructor, in the process that runs it"
+    HYBRID_MODEL = (
+        "the Qwen3.5 and Qwen3-Next models' constructors, in the process that runs one"
+    )
     NATIVE_KERNELS = "the platform's import_kernels, once the native extension loaded"
 
     @property
