@@ -129,10 +129,7 @@ def grouped_experts(
         xe = xs[rows]
         if weight_on_input:
             xe = (xe * weights[rows]).to(x.dtype)
-        if quantized:
-            gate_up = linear(xe, w13[e], s13[e])
-        else:
-            gate_up = F.linear(xe, w13[e])
+        gate_up = linear(xe, w13[e], s13[e]) if quantized else F.linear(xe, w13[e])
         if w13_bias is not None:
             gate_up = gate_up + w13_bias[e]
         h = act(gate_up)
