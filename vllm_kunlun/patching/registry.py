@@ -159,6 +159,16 @@ REGISTRY: tuple[RuntimePatch, ...] = (
         "vLLM ships Kunlun kernels for these ops",
     ),
     RuntimePatch(
+        "kunlun_fused_moe",
+        "vllm_kunlun.ops.moe.fused_moe_method",
+        ("vllm.model_executor.custom_op.op_registry_oot",),
+        "on an out-of-tree platform vLLM's FusedMoE takes the CUDA path (vllm._C "
+        "routing, Triton experts), which does not run; the plugin routes and runs the "
+        "experts, and refuses MoE variants it does not serve at construction",
+        _WORKER,
+        "vLLM's fused MoE runs on the validated torch for out-of-tree platforms",
+    ),
+    RuntimePatch(
         "kunlun_gdn_kernels",
         "vllm_kunlun.models.hybrid_layer_patches",
         tuple(
@@ -334,7 +344,7 @@ REGISTRY: tuple[RuntimePatch, ...] = (
 BY_NAME = {p.name: p for p in REGISTRY}
 TORCH_FIXES = ("schema_pep585", "torch_wrap_triton")
 # Entries that change a table rather than an attribute: no AttributePatch object.
-NOT_ATTRIBUTES = ("schema_pep585", "kunlun_vendor_custom_ops")
+NOT_ATTRIBUTES = ("schema_pep585", "kunlun_vendor_custom_ops", "kunlun_fused_moe")
 
 
 def live_patches(entry: RuntimePatch) -> list[Any]:
