@@ -8,9 +8,16 @@ every tiny checkpoint shares (``vllm_kunlun.demo.tiny_model``). Two layouts:
   full-attention layer (``full_attention_interval`` 4, as released);
 - ``dense``: the same with ``mlp_only_layers`` listing every layer (a dense MLP in
   each), which transformers and vLLM both honour.
+Other layouts by ``mlp_only_layers`` (e.g. ``[1]``: one dense layer among sparse ones).
 A few initial values are widened from transformers' defaults so that greedy decoding
 has clear margins and the GDN states carry information across tokens and chunks: the
 embedding and lm_head scale, and slow decays (``A_log``).
+
+``mtp=True`` adds a multi-token-prediction head (``mtp.*``: ``fc``, the two pre-fc
+norms, one full-attention decoder layer with the model's MLP kind, the final norm), as
+released Qwen3-Next checkpoints carry it and vLLM's ``Qwen3NextMTP`` loads it;
+transformers does not model it, so it is drawn here (seeded, untrained: its drafts are
+mostly rejected) and appended to transformers' safetensors file.
 """
 
 from __future__ import annotations
@@ -51,7 +58,9 @@ SHAPE: dict[str, Any] = {
 }
 
 
-def write_qwen3_next(directory: Path, layout: str = "moe", **overrides: Any) -> Path:
+def write_qwen3_next(
+    directory: Path, layout: str = "moe", mtp: bool = False, **overrides: Any
+) -> Path:
     """Write the checkpoint and tokenizer into ``directory``; returns it."""
     import torch
     from transformers import Qwen3NextConfig, Qwen3NextForCausalLM
@@ -78,4 +87,30 @@ def write_qwen3_next(directory: Path, layout: str = "moe", **overrides: Any) -> 
     directory.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(directory)
     write_tokenizer_files(directory, vocab)
+    if mtp:
+        _append_mtp_head(directory, model, gen)
     return directory
+
+
+def _append_mtp_head(directory: Path, model: Any, gen: Any) -> None:
+    """``mtp.*`` next to transformers' weights: a full-attention layer's tensors
+    (the last layer's names and shapes, redrawn) as ``mtp.layers.0``."""
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    path = directory / "model.safetensors"
+    weights = load_file(str(path))
+    h = model.config.hidden_size
+    full = model.config.layer_types.index("full_attention")
+    prefix = f"model.layers.{full}."
+    head = {
+        "mtp.fc.weight": torch.randn(h, 2 * h, generator=gen) / (2 * h) ** 0.5,
+        "mtp.pre_fc_norm_hidden.weight": torch.zeros(h),
+        "mtp.pre_fc_norm_embedding.weight": torch.zeros(h),
+        "mtp.norm.weight": torch.zeros(h),
+    }
+    for name, tensor in weights.items():
+        if name.startswith(prefix):
+            redrawn = torch.randn(tensor.shape, generator=gen) * tensor.float().std()
+            head["mtp.layers.0." + name[len(prefix) :]] = redrawn.to(tensor.dtype)
+    save_file({**weights, **head}, str(path), metadata={"format": "pt"})

@@ -17,7 +17,9 @@ vLLM's. ``models.register_models`` puts it in place of vLLM's entry for
   ``set_moe_parameters`` raises "No Qwen3Next layer found" for it; here the model then
   reports no MoE layers;
 - what the plugin does not serve is refused at start with the reason and the fix
-  (speculative methods other than MTP; head counts tensor parallelism does not divide).
+  (speculative methods other than MTP; an MTP layer whose MLP kind the plugin's layer
+  naming would change, ``models/qwen3_next_mtp.py``; head counts tensor parallelism
+  does not divide).
 
 Correctness reference: transformers 5.2.0 ``models/qwen3_next/modeling_qwen3_next.py``
 (tests/integration/test_e2e_qwen3_next.py).
@@ -49,6 +51,18 @@ def _refuse_unsupported(vllm_config: VllmConfig) -> None:
             'only; use --speculative-config \'{"method": "qwen3_next_mtp", '
             '"num_speculative_tokens": N}\''
         )
+    if spec is not None:
+        from vllm_kunlun.models.qwen3_next_mtp import mlp_kind_changes
+
+        changed = mlp_kind_changes(config)
+        if changed:
+            raise ValueError(
+                f"Qwen3-Next MTP layers {changed} would get another MLP kind (dense or "
+                "sparse) here than in vLLM's own naming (this config's mlp_only_layers "
+                "/ decoder_sparse_step pick it by layer index, and vllm-kunlun moves "
+                "the MTP layers' index past the target's); serve it without "
+                "--speculative-config"
+            )
     tp = vllm_config.parallel_config.tensor_parallel_size
     for field in ("num_attention_heads", "linear_num_key_heads"):
         heads = int(getattr(config, field))

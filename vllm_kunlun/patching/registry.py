@@ -217,6 +217,16 @@ REGISTRY: tuple[RuntimePatch, ...] = (
         "vLLM's mamba block copy has a non-Triton path",
     ),
     RuntimePatch(
+        "kunlun_qwen3_next_mtp_layer_names",
+        "vllm_kunlun.models.qwen3_next_mtp",
+        ("vllm.model_executor.models.qwen3_next_mtp.Qwen3NextDecoderLayer",),
+        "vLLM's Qwen3-Next MTP draft names its layer mtp.layers.0, an index the "
+        "target's layer 0 holds: binding the KV caches raises NotImplementedError on "
+        "an out-of-tree platform",
+        (Phase.HYBRID_MODEL,),
+        "vLLM names the MTP layers past the target's or binds KV caches by name",
+    ),
+    RuntimePatch(
         "kunlun_mamba_cache_written",
         "vllm_kunlun.models.hybrid_layer_patches",
         ("vllm.v1.core.single_type_kv_cache_manager.MambaManager.cache_blocks",),

@@ -5,9 +5,9 @@ Fixtures: ``moe_family_configs/<model>/config.json``, the released models' confi
 written from their published values (read 2026-12 from public copies: the Hugging Face
 config.json of Qwen/Qwen3-30B-A3B, Qwen/Qwen3-235B-A22B,
 Qwen/Qwen3-Next-80B-A3B-Instruct, zai-org/GLM-4.5-Air and zai-org/GLM-4.7 as quoted in
-public repositories, and the Megatron argument files of THUDM/slime's forks
-(``scripts/models/qwen3-30B-A3B.sh``, ``qwen3-235B-A22B.sh``, ``glm4.5-106B-A12B``,
-``glm4.5-355B-A32B.sh``), which agree on every dimension; GLM-4.7 has GLM-4.5's
+public repositories, and the Megatron argument files for Qwen3-30B-A3B,
+Qwen3-235B-A22B, GLM-4.5-106B-A12B and GLM-4.5-355B-A32B in the scripts folder of
+THUDM/slime's forks, which agree on every dimension; GLM-4.7 has GLM-4.5's
 355B architecture with ``max_position_embeddings`` 202752). The W8A8-INT8 variants
 are the same configs with the compressed-tensors block Baidu's W8A8 checkpoints carry
 (``qwen3_5_moe_configs.w8a8``: routers and lm_head kept in bfloat16).
