@@ -1,4 +1,4 @@
-"""Runtime patch ``kunlun_qwen3_next_mtp_layer_names``: vLLM's Qwen3-Next MTP draft here.
+"""Runtime patch ``kunlun_qwen3_next_mtp_names``: vLLM's Qwen3-Next MTP draft here.
 
 Why: vLLM 0.15.1's ``Qwen3NextMultiTokenPredictor`` names its decoder layers
 ``mtp.layers.<i>``. vLLM binds KV caches by the layer index in a layer's name
@@ -33,7 +33,7 @@ from vllm_kunlun.patching.attribute import AttributePatch, apply_group
 
 logger = init_logger(__name__)
 
-NAME = "kunlun_qwen3_next_mtp_layer_names"
+NAME = "kunlun_qwen3_next_mtp_names"
 MODULE = "vllm.model_executor.models.qwen3_next_mtp"
 _INDEX = re.compile(r"^(?P<head>.*\.layers\.)(?P<index>\d+)$")
 

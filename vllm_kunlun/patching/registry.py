@@ -217,7 +217,7 @@ REGISTRY: tuple[RuntimePatch, ...] = (
         "vLLM's mamba block copy has a non-Triton path",
     ),
     RuntimePatch(
-        "kunlun_qwen3_next_mtp_layer_names",
+        "kunlun_qwen3_next_mtp_names",
         "vllm_kunlun.models.qwen3_next_mtp",
         ("vllm.model_executor.models.qwen3_next_mtp.Qwen3NextDecoderLayer",),
         "vLLM's Qwen3-Next MTP draft names its layer mtp.layers.0, an index the "

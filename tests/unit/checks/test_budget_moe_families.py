@@ -161,6 +161,7 @@ VERDICTS = [
     ("Qwen3-235B-A22B", 8, False, "ok", 54.91),
     ("Qwen3-235B-A22B", 8, True, "ok", 27.69),
     ("Qwen3-Next-80B-A3B-Instruct", 2, False, "warn", 74.25),
+    ("Qwen3-Next-80B-A3B-Instruct", 2, True, "warn", 37.6),
     ("Qwen3-Next-80B-A3B-Instruct", 4, False, "ok", 37.18),
     ("Qwen3-Next-80B-A3B-Instruct", 4, True, "ok", 18.86),
     ("GLM-4.5-Air", 4, False, "ok", 49.79),

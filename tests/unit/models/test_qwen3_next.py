@@ -72,7 +72,7 @@ def test_a_config_without_sparse_layers_reports_no_moe_layers() -> None:
     assert dense.num_moe_layers == 0 and dense.moe_layers == []
 
 
-# ---- kunlun_qwen3_next_mtp_layer_names ----------------------------------------------
+# ---- kunlun_qwen3_next_mtp_names ----------------------------------------------
 
 
 @pytest.mark.parametrize(
