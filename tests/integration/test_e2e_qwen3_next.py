@@ -70,19 +70,27 @@ def served(work: Path) -> dict:
 
 
 @pytest.fixture(scope="module")
-def mtp(work: Path) -> dict:
+def mtp(work: Path, served: dict) -> dict:
+    """The MTP engine; its reference is ``served``'s (the same target weights, checked
+    here: the checkpoints differ only by ``mtp.*``), which saves a transformers run."""
+    from safetensors.torch import load_file
+
     model = write_qwen3_next(work / "mtp", mtp=True, **LAYOUT)
+    with_head = load_file(str(model / "model.safetensors"))
+    target = load_file(str(work / "moe" / "model.safetensors"))
+    assert {k for k in with_head if not k.startswith("mtp.")} == set(target)
+    assert all(with_head[k].equal(v) for k, v in target.items())
     spec = {
         "backend": "vllm",
         "model": str(model),
         "llm": MTP_ARGS,
         "engine_in_process": True,
         "jobs": MTP_JOBS,
-        "hf_jobs": MTP_JOBS,
-        "hf_cache": True,
         "metrics": True,
     }
-    return run_spec(spec, work, "mtp", timeout=600)
+    run = run_spec(spec, work, "mtp", timeout=600)
+    run["hf"] = served["hf"]
+    return run
 
 
 def _rows(run: dict, job: str) -> list[dict[str, Any]]:
