@@ -248,7 +248,7 @@ def register_all() -> list[str]:
         upstream = getattr(importlib.import_module(module), name)
         CustomOp.register_oot(ours, name=name)
         # vLLM's op name, so custom_ops switches keep meaning what they say.
-        ours.name = upstream.name
+        ours.name = upstream.name  # type: ignore[attr-defined]
         done.append(name)
     if done:
         logger.info("vllm-kunlun: vLLM's MoE layers served by the plugin: %s", done)
