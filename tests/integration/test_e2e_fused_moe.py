@@ -24,12 +24,31 @@ from typing import Any
 import pytest
 
 from tests.integration import moe_families
-from tests.integration.test_e2e_emulation import LLM_ARGS, TOKEN_BUDGET, run_spec
+from tests.integration.test_e2e_emulation import (
+    GREEDY_PROMPTS,
+    LLM_ARGS,
+    TOKEN_BUDGET,
+    req,
+    run_spec,
+)
 from tests.integration.test_e2e_hybrid import GREEDY_JOBS
+from tests.integration.w8a8_reference import (
+    Row,
+    assert_greedy_matches,
+    assert_logprobs_match,
+)
+from vllm_kunlun.demo.tiny_quant import quantize_checkpoint, select
 
 pytestmark = pytest.mark.slow
 
 TP_JOBS = GREEDY_JOBS[1:3]  # mixed batch with a chunked prefill; 1-token prompt
+W8A8_JOB = {
+    "name": "greedy",
+    "requests": [req(p, 16, logprobs=1) for p in GREEDY_PROMPTS],
+}
+# Released W8A8 MoE checkpoints: attention and every expert int8, the router float.
+W8A8_WEIGHTS = r"model\.layers\.\d+\.(self_attn|mlp\.experts\.\d+)\.\w+_proj\.weight"
+W8A8_IGNORE = ("lm_head", "re:.*mlp.gate$")
 
 
 @pytest.fixture(scope="module")
@@ -101,6 +120,25 @@ def glm_ep2(work: Path) -> dict:
     )
 
 
+@pytest.fixture(scope="module")
+def w8a8(work: Path) -> dict:
+    from safetensors import safe_open
+
+    model = moe_families.write("qwen3_moe", work / "w8a8", seed=7)
+    with safe_open(str(model / "model.safetensors"), "pt") as f:
+        names = list(f.keys())
+    quantize_checkpoint(model, select(names, W8A8_WEIGHTS), W8A8_IGNORE)
+    spec = {
+        "backend": "vllm",
+        "model": str(model),
+        "llm": LLM_ARGS,
+        "engine_in_process": True,
+        "jobs": [GREEDY_JOBS[0], W8A8_JOB],
+        "post": "w8a8_reference:post_float64",
+    }
+    return run_spec(spec, work, "w8a8", timeout=900)
+
+
 def assert_greedy_equal(run: dict, jobs: list[dict]) -> None:
     for job in jobs:
         name = job["name"]
@@ -158,3 +196,32 @@ def test_tp2_greedy_matches_transformers(mixtral_tp2: dict) -> None:
 def test_ep2_greedy_matches_transformers(glm_ep2: dict) -> None:
     assert_greedy_equal(glm_ep2, TP_JOBS)
     assert len(glm_ep2["serving"]) == 2
+
+
+# ---- W8A8-INT8 experts (compressed-tensors) ---------------------------------------------
+
+
+def _w8a8_rows(run: dict) -> list[Row]:
+    post = run["post"]
+    return list(
+        zip(
+            run["jobs"]["greedy"],
+            post["float64_greedy"]["greedy"],
+            post["float64"]["greedy"],
+            strict=True,
+        )
+    )
+
+
+def test_w8a8_experts_ran_int8_on_the_plugins_kernel(w8a8: dict) -> None:
+    (info,) = w8a8["serving"]
+    assert info["int8_kernels"].startswith("portable (")
+    assert moe_paths(w8a8)["portable"] > 0
+
+
+def test_w8a8_greedy_equals_the_same_quantization_reference(w8a8: dict) -> None:
+    assert_greedy_matches(_w8a8_rows(w8a8))
+
+
+def test_w8a8_logprobs_match_the_same_quantization_reference(w8a8: dict) -> None:
+    assert_logprobs_match(_w8a8_rows(w8a8))
