@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from vllm.model_executor.layers.fused_moe import cpu_fused_moe
 
-from vllm_kunlun.ops.moe import fused_moe_method, routing
+from vllm_kunlun.ops.moe import fused_moe_method, routing, routing_vendor
 
 # (experts, top_k, tokens)
 ROUTING_SHAPES = [(8, 2, 1), (16, 4, 7), (64, 8, 33), (128, 8, 5)]
@@ -352,3 +352,104 @@ def test_refusal_names_the_cause_and_the_fix(change: dict, words: str | None) ->
     assert why is not None and words in why
     with pytest.raises(ValueError, match=r"model\.layers\.3\.mlp\.experts"):
         fused_moe_method.check_layer(layer)
+
+
+# ---- vendor routing through the fakes ---------------------------------------------------
+
+
+@pytest.fixture
+def vendor_routing(
+    fake_vendor_path: Any, monkeypatch: pytest.MonkeyPatch, kunlun_platform: object
+) -> Any:
+    """Host emulation asked for the vendor kernels, the fakes importable."""
+    import kunlun_ops
+
+    from tests.conftest import serve_platform
+    from vllm_kunlun.platforms.emulation import KunlunHostEmulationPlatform
+
+    serve_platform(monkeypatch, KunlunHostEmulationPlatform)
+    monkeypatch.setenv("VLLM_KUNLUN_EMULATION_VENDOR", "1")
+    routing_vendor.reset()
+    kunlun_ops.reset()
+    yield kunlun_ops
+    routing_vendor.reset()
+
+
+@pytest.mark.parametrize(("experts", "top_k", "tokens"), ROUTING_SHAPES)
+def test_vendor_softmax_topk_matches_vllms_routing(
+    vendor_routing: Any, experts: int, top_k: int, tokens: int
+) -> None:
+    logits = _logits(experts, tokens, 11 + tokens)
+    x = torch.zeros(tokens, 4)
+    (w, ids), path = routing_vendor.select_experts(
+        x, logits, routing.Routing(top_k=top_k)
+    )
+    assert path == "vendor"
+    assert [c.name for c in vendor_routing.CALLS] == ["moe_softmax_topk_norm"]
+    want = cpu_fused_moe.select_experts(
+        x, logits, top_k, use_grouped_topk=False, renormalize=True
+    )
+    _same_choice((w, ids), want)
+
+
+@pytest.mark.parametrize(("groups", "topk_group", "scale"), [(1, 1, 2.5), (4, 2, 1.0)])
+def test_vendor_sigmoid_grouped_topk_matches_vllms_routing(
+    vendor_routing: Any, groups: int, topk_group: int, scale: float
+) -> None:
+    experts, top_k, tokens = 32, 4, 9
+    logits, bias = _logits(experts, tokens, groups), 0.3 * torch.randn(experts)
+    x = torch.zeros(tokens, 4)
+    r = routing.Routing(
+        top_k=top_k,
+        use_grouped_topk=True,
+        num_expert_group=groups,
+        topk_group=topk_group,
+        scoring_func="sigmoid",
+        routed_scaling_factor=scale,
+    )
+    (w, ids), path = routing_vendor.select_experts(x, logits, r, bias)
+    assert path == "vendor"
+    (call,) = vendor_routing.CALLS
+    assert call.name == "moe_sigmoid_group_topk_norm"
+    assert call.args["n_group"] == groups and call.args["scale"] == 1.0
+    _same_choice((w, ids), routing.select_experts(x, logits, r, bias))
+
+
+@pytest.mark.parametrize(
+    "r",
+    [
+        routing.Routing(top_k=2, renormalize=False),
+        routing.Routing(
+            top_k=2, use_grouped_topk=True, num_expert_group=4, topk_group=2
+        ),
+    ],
+    ids=["no-renormalize", "softmax-groups"],
+)
+def test_routings_no_vendor_kernel_computes_run_portable(
+    vendor_routing: Any, r: routing.Routing
+) -> None:
+    logits, x = _logits(16, 5, 1), torch.zeros(5, 4)
+    (w, ids), path = routing_vendor.select_experts(x, logits, r)
+    assert path == "portable" and vendor_routing.CALLS == []
+    _same_choice((w, ids), routing.select_experts(x, logits, r))
+
+
+def test_vendor_routing_keywords_are_declared_in_the_contract(
+    vendor_routing: Any,
+) -> None:
+    from vllm_kunlun.ops.contract import VENDOR_CONTRACT
+
+    x, logits = torch.zeros(3, 4), _logits(8, 3, 2)
+    grouped = routing.Routing(
+        top_k=2,
+        use_grouped_topk=True,
+        num_expert_group=2,
+        topk_group=1,
+        scoring_func="sigmoid",
+    )
+    routing_vendor.select_experts(x, logits, grouped, torch.zeros(8))
+    routing_vendor.select_experts(x, logits, routing.Routing(top_k=2))
+    names = [c.name for c in vendor_routing.CALLS]
+    assert names == ["moe_sigmoid_group_topk_norm", "moe_softmax_topk_norm"]
+    for call in vendor_routing.CALLS:
+        assert set(call.args) == set(VENDOR_CONTRACT["kunlun_ops"][call.name])

@@ -47,11 +47,12 @@ from vllm.model_executor.layers.quantization.compressed_tensors.compressed_tenso
 
 from vllm_kunlun.logger import init_logger
 from vllm_kunlun.ops.active_platform import active_plugin_platform
-from vllm_kunlun.ops.moe import portable, routing, seam
+from vllm_kunlun.ops.moe import portable, routing, routing_vendor, seam
 
 logger = init_logger(__name__)
 
-PATH = "portable"
+# The served report's path: the grouped-expert kernel, routed portably or by the vendor.
+PATHS = {"portable": "portable", "vendor": "vendor routing, portable experts"}
 REASON = "vLLM FusedMoE on the plugin's grouped-expert kernel"
 
 
@@ -94,7 +95,7 @@ def experts_forward(
 ) -> torch.Tensor:
     """The routed experts of a vLLM ``FusedMoE`` ``layer`` for ``x`` [T, H]: vLLM's
     routing, this rank's experts on the grouped kernel (int8 with the scales)."""
-    weights, ids = routing.select_experts(
+    (weights, ids), route = routing_vendor.select_experts(
         x, router_logits, routing.Routing.of_layer(layer), layer.e_score_correction_bias
     )
     out = portable.grouped_experts(
@@ -110,7 +111,7 @@ def experts_forward(
         w2_bias=getattr(layer, "w2_bias", None),
         weight_on_input=layer.apply_router_weight_on_input,
     )
-    seam.record_served(x.device, PATH, REASON)
+    seam.record_served(x.device, PATHS[route], REASON)
     return out
 
 
@@ -225,9 +226,8 @@ def check_layer(layer: Any) -> None:
             f"({type(layer).__bases__[0].__name__}): {why}."
         )
     logger.info_once(
-        "vllm-kunlun: vLLM's MoE layers (%s) run on %s: %s",
+        "vllm-kunlun: vLLM's MoE layers (%s) served: %s",
         type(layer.quant_method).__name__,
-        PATH,
         REASON,
     )
 
