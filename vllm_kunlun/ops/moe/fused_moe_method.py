@@ -41,14 +41,18 @@ from vllm.model_executor.layers.fused_moe.shared_fused_moe import SharedFusedMoE
 from vllm.model_executor.layers.fused_moe.unquantized_fused_moe_method import (
     UnquantizedFusedMoEMethod,
 )
+from vllm.model_executor.layers.quantization.compressed_tensors.compressed_tensors_moe import (
+    CompressedTensorsW8A8Int8MoEMethod,
+)
 
 from vllm_kunlun.logger import init_logger
 from vllm_kunlun.ops.active_platform import active_plugin_platform
-from vllm_kunlun.ops.moe import portable, routing, seam
+from vllm_kunlun.ops.moe import portable, routing, routing_vendor, seam
 
 logger = init_logger(__name__)
 
-PATH = "portable"
+# The served report's path: the grouped-expert kernel, routed portably or by the vendor.
+PATHS = {"portable": "portable", "vendor": "vendor routing, portable experts"}
 REASON = "vLLM FusedMoE on the plugin's grouped-expert kernel"
 
 
@@ -91,7 +95,7 @@ def experts_forward(
 ) -> torch.Tensor:
     """The routed experts of a vLLM ``FusedMoE`` ``layer`` for ``x`` [T, H]: vLLM's
     routing, this rank's experts on the grouped kernel (int8 with the scales)."""
-    weights, ids = routing.select_experts(
+    (weights, ids), route = routing_vendor.select_experts(
         x, router_logits, routing.Routing.of_layer(layer), layer.e_score_correction_bias
     )
     out = portable.grouped_experts(
@@ -107,7 +111,7 @@ def experts_forward(
         w2_bias=getattr(layer, "w2_bias", None),
         weight_on_input=layer.apply_router_weight_on_input,
     )
-    seam.record_served(x.device, PATH, REASON)
+    seam.record_served(x.device, PATHS[route], REASON)
     return out
 
 
@@ -134,8 +138,43 @@ class KunlunUnquantizedFusedMoEMethod(UnquantizedFusedMoEMethod):
         )
 
 
-# Methods whose layers the plugin serves (the W8A8 int8 one registers itself here).
-SERVED_METHODS: list[type] = [KunlunUnquantizedFusedMoEMethod]
+class KunlunW8A8Int8MoEMethod(CompressedTensorsW8A8Int8MoEMethod):
+    """vLLM's compressed-tensors W8A8-INT8 MoE method (int8 experts, per-channel
+    weight scales, dynamic per-token activations), monolithic on the grouped kernel
+    whose matmuls run on the plugin's int8 path (``ops/int8``, vendor where chosen).
+    vLLM's weights and loaders are kept: only the forward changes."""
+
+    @classmethod
+    def serving(cls, method: CompressedTensorsW8A8Int8MoEMethod) -> Any:
+        """The same method (its state and the layer's int8 parameters), served."""
+        ours = cls.__new__(cls)
+        ours.__dict__.update(method.__dict__)
+        return ours
+
+    @property
+    def is_monolithic(self) -> bool:
+        return True
+
+    def maybe_make_prepare_finalize(self, routing_tables: Any = None) -> None:
+        return None
+
+    def apply_monolithic(  # type: ignore[override]
+        self, layer: Any, x: torch.Tensor, router_logits: torch.Tensor
+    ) -> torch.Tensor:
+        return experts_forward(
+            layer,
+            x,
+            router_logits,
+            w13_scale=layer.w13_weight_scale,
+            w2_scale=layer.w2_weight_scale,
+        )
+
+
+# vLLM's method classes the plugin serves with its own (exact type: a subclass of
+# vLLM's may change what its weights mean).
+SERVING = {CompressedTensorsW8A8Int8MoEMethod: KunlunW8A8Int8MoEMethod.serving}
+# Methods whose layers the plugin serves.
+SERVED_METHODS: list[type] = [KunlunUnquantizedFusedMoEMethod, KunlunW8A8Int8MoEMethod]
 
 
 def refusal(layer: Any) -> str | None:
@@ -170,6 +209,15 @@ def refusal(layer: Any) -> str | None:
     return None
 
 
+def serve(layer: Any) -> None:
+    """Give ``layer`` the plugin's forward for a vLLM method it serves, then refuse
+    the layer if it is still not served."""
+    make = SERVING.get(type(layer.quant_method))
+    if make is not None:
+        layer.quant_method = make(layer.quant_method)
+    check_layer(layer)
+
+
 def check_layer(layer: Any) -> None:
     why = refusal(layer)
     if why is not None:
@@ -178,9 +226,8 @@ def check_layer(layer: Any) -> None:
             f"({type(layer).__bases__[0].__name__}): {why}."
         )
     logger.info_once(
-        "vllm-kunlun: vLLM's MoE layers (%s) run on %s: %s",
+        "vllm-kunlun: vLLM's MoE layers (%s) served: %s",
         type(layer.quant_method).__name__,
-        PATH,
         REASON,
     )
 
@@ -190,7 +237,7 @@ class KunlunFusedMoE(FusedMoE):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        check_layer(self)
+        serve(self)
 
 
 class KunlunSharedFusedMoE(SharedFusedMoE):
@@ -198,7 +245,7 @@ class KunlunSharedFusedMoE(SharedFusedMoE):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        check_layer(self)
+        serve(self)
 
 
 # (vLLM class name, its module, ours): every replacement registered together.
@@ -248,7 +295,7 @@ def register_all() -> list[str]:
         upstream = getattr(importlib.import_module(module), name)
         CustomOp.register_oot(ours, name=name)
         # vLLM's op name, so custom_ops switches keep meaning what they say.
-        ours.name = upstream.name
+        ours.name = upstream.name  # type: ignore[attr-defined]
         done.append(name)
     if done:
         logger.info("vllm-kunlun: vLLM's MoE layers served by the plugin: %s", done)
