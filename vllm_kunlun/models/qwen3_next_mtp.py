@@ -131,5 +131,10 @@ def apply() -> bool:
     return True
 
 
+def revert() -> None:
+    for p in reversed(PATCHES):
+        p.revert()
+
+
 # phases.apply_phase's hook (patching/phases.py)
 RUNTIME_PATCHES = {NAME: lambda phase: apply()}
