@@ -6,16 +6,18 @@ transformers 5.2.0's ``Qwen3NextForCausalLM`` on a tiny checkpoint that transfor
 itself wrote (qwen3_next_checkpoint.py: 8 experts, top-2, a gated shared expert; three
 GDN layers then a gated full-attention layer; layer 1 dense through ``mlp_only_layers``).
 
-One engine per configuration (module-scoped), each with its reference in the same
-interpreter; portable kernels:
-- ``served``: chunked prefill (32-token budget), a prefix-cache hit, 1-token prompts
-  (alone, and queued behind a long prefill on a recycled state slot), mixed
-  prefill/decode batches (test_e2e_hybrid.GREEDY_JOBS);
+One engine per configuration (module-scoped):
+- ``served``: portable kernels; chunked prefill (32-token budget), a prefix-cache hit,
+  1-token prompts (alone, and queued behind a long prefill on a recycled state slot),
+  mixed prefill/decode batches (test_e2e_hybrid.GREEDY_JOBS); transformers' reference
+  in the same interpreter;
 - ``mtp``: the same checkpoint with an (untrained) MTP head, served with
   ``--speculative-config '{"method": "qwen3_next_mtp", "num_speculative_tokens": 2}'``
-  (vLLM's ``Qwen3NextMTP``): drafts proposed every decode step, verified by the
-  target, and the greedy output still transformers' (no prefix caching: vLLM 0.15.1
-  refuses it with speculative decoding on hybrid models).
+  (vLLM's ``Qwen3NextMTP``) on the vendor kernels (``VLLM_KUNLUN_EMULATION_VENDOR=1``,
+  the fake ``kunlun_ops`` of tests/fakes: the recurrent delta rule, MoE routing,
+  paged attention, norms): drafts proposed every decode step, verified by the target,
+  and the greedy output still transformers' (``served``'s reference; no prefix
+  caching: vLLM 0.15.1 refuses it with speculative decoding on hybrid models).
 """
 
 from __future__ import annotations
@@ -26,11 +28,17 @@ from typing import Any
 import pytest
 
 from tests.integration.qwen3_next_checkpoint import write_qwen3_next
-from tests.integration.test_e2e_emulation import BLOCK_SIZE, TOKEN_BUDGET, run_spec
+from tests.integration.test_e2e_emulation import (
+    BLOCK_SIZE,
+    EMULATION,
+    TOKEN_BUDGET,
+    run_spec,
+)
 from tests.integration.test_e2e_hybrid import GREEDY_JOBS, GREEDY_TOKENS, LLM_ARGS
 
 pytestmark = pytest.mark.slow
 
+VENDOR = {**EMULATION, "VLLM_KUNLUN_EMULATION_VENDOR": "1"}  # the fake kunlun_ops
 LAYOUT = {"mlp_only_layers": [1]}  # layer 1 dense, the others sparse
 # Without the prefix-cache warm-up: speculative decoding runs without prefix caching.
 MTP_JOBS = GREEDY_JOBS[1:]
@@ -88,7 +96,7 @@ def mtp(work: Path, served: dict) -> dict:
         "jobs": MTP_JOBS,
         "metrics": True,
     }
-    run = run_spec(spec, work, "mtp", timeout=600)
+    run = run_spec(spec, work, "mtp", env=VENDOR, timeout=600)
     run["hf"] = served["hf"]
     return run
 
@@ -118,6 +126,7 @@ def _assert_shapes_exercised(run: dict) -> None:
 
 
 def _assert_served_by_the_plugin(run: dict) -> None:
+    """Portable kernels (host emulation's default)."""
     (info,) = run["serving"]
     assert info["platform"].endswith("KunlunHostEmulationPlatform")
     # vLLM's Qwen3-Next layers ran every GDN kernel through the plugin's seam ...
@@ -127,6 +136,25 @@ def _assert_served_by_the_plugin(run: dict) -> None:
     paths = {k["path"] for k in info["moe_kernels"]}
     assert paths == {"portable"}, info["moe_kernels"]
     assert sum(int(k["calls"]) for k in info["moe_kernels"]) > 0
+
+
+def _assert_served_by_the_vendor_kernels(run: dict) -> None:
+    """``VLLM_KUNLUN_EMULATION_VENDOR=1``: the fake kunlun_ops where one is wired."""
+    (info,) = run["serving"]
+    ran = {k["op"]: k["path"] for k in info["gdn_kernels"]}
+    # The recurrent delta rule (decode and draft verification) has a vendor kernel;
+    # the other four have none wired and stay portable, named as such.
+    assert ran == {
+        **{op: "portable" for op in GDN_OPS},
+        "fused_recurrent_gated_delta_rule": "vendor",
+    }, info["gdn_kernels"]
+    paths = {k["path"] for k in info["moe_kernels"]}
+    assert paths == {"vendor routing, portable experts"}, info["moe_kernels"]
+    assert info["attention_impls"] == [
+        "vllm_kunlun.attention.kunlun.KunlunAttentionImpl"
+    ]
+    attention = info["vendor_kernels"]["attention"]
+    assert attention["vendor_calls"] > 0 and attention["native_calls"] == 0
 
 
 def test_greedy_matches_transformers_token_for_token(served: dict) -> None:
@@ -148,7 +176,7 @@ def test_gdn_and_experts_ran_on_the_plugins_kernels(served: dict) -> None:
 def test_greedy_with_mtp_drafts_matches_transformers(mtp: dict) -> None:
     _assert_greedy_matches(mtp, MTP_JOBS)
     _assert_shapes_exercised(mtp)
-    _assert_served_by_the_plugin(mtp)
+    _assert_served_by_the_vendor_kernels(mtp)
     m = mtp["metrics"]
     drafts = m["vllm:spec_decode_num_draft_tokens"]
     accepted = m["vllm:spec_decode_num_accepted_tokens"]
