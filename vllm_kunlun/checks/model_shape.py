@@ -24,6 +24,8 @@ from vllm_kunlun.checks.config_file import (
     config_int,
     config_key,
 )
+from vllm_kunlun.checks.moe_families import MODEL_TYPES as MOE_FAMILIES
+from vllm_kunlun.checks.moe_families import canonical
 from vllm_kunlun.ops.gdn.state_dtype import checkpoint_ssm_dtype, gdn_state_dtypes
 
 GIB = 1 << 30
@@ -208,7 +210,7 @@ class ModelShape:
                 f"config.json: text_config must be an object, got {sub!r:.60}"
             )
         nested = "text_config" if sub else ""
-        text = sub or config
+        text = canonical(sub or config)  # GLM's expert fields under the Qwen names
         model_type = str(text.get("model_type") or config.get("model_type") or "")
 
         def positive(key: str, default: Any = None, minimum: int = 1) -> int:
@@ -261,7 +263,9 @@ class ModelShape:
             vocab = positive("vocab_size")
         else:
             vocab = config_int(config, "vocab_size", "", None, 1)
-        moe = model_type in ("qwen3_5_moe", "qwen3_5_moe_text")
+        moe = model_type in ("qwen3_5_moe", "qwen3_5_moe_text") or (
+            model_type in MOE_FAMILIES and "num_experts" in text
+        )
 
         def moe_dim(key: str, minimum: int = 1) -> int:
             return positive(key, None if minimum else 0, minimum) if moe else 0

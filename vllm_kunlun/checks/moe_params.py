@@ -274,11 +274,14 @@ def _ignored(name: str, ignore: list[str]) -> bool:
 
 
 def estimate_moe_weights(config: Mapping[str, Any]) -> MoeWeights | None:
-    """The weights of a Qwen3.5-MoE config, or None for another family. A missing or
+    """The weights of a Qwen3.5-MoE config (or of a Qwen3-MoE, Qwen3-Next, GLM-4.5
+    one: ``checks/moe_families.py``), or None for another family. A missing or
     out-of-range dimension raises ConfigRangeError naming it."""
-    if not is_moe_config(config):
+    from vllm_kunlun.checks.moe_families import family_tensors
+
+    tensors = moe_tensors(config) if is_moe_config(config) else family_tensors(config)
+    if tensors is None:
         return None
-    tensors = moe_tensors(config)
     sub = config.get("text_config")
     text: Mapping[str, Any] = sub if isinstance(sub, Mapping) else config
     dtype = config_dtype(config)

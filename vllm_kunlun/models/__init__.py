@@ -46,6 +46,12 @@ ARCHITECTURES = {
     "Qwen3_5MoeMTP": "vllm_kunlun.models.qwen3_5_mtp:Qwen3_5MoeMTP",
 }
 
+# vLLM's own architectures served through a plugin subclass, which replaces vLLM's
+# entry (models/qwen3_next.py: vLLM's Qwen3-Next with the GDN kernels on the seam).
+WRAPPED = {
+    "Qwen3NextForCausalLM": "vllm_kunlun.models.qwen3_next:Qwen3NextForCausalLM",
+}
+
 
 # Where torchvision is missing, the composites are served on their text path (vLLM
 # 0.15.1's Qwen-VL processors import torchvision at module import).
@@ -89,17 +95,18 @@ def _registered_here(registry: object, arch: str, target: str) -> bool:
 def register_models() -> list[str]:
     """Register the plugin's architectures not yet registered; returns those added.
 
-    An architecture vLLM already serves under the same name is left to vLLM.
+    An architecture vLLM already serves under the same name is left to vLLM, except
+    those in ``WRAPPED``, whose plugin subclass takes vLLM's entry.
     """
     from vllm.model_executor.models.registry import ModelRegistry
 
     from vllm_kunlun.models.inspection import in_process_entry
 
     added = []
-    for arch, target in architectures().items():
+    for arch, target in {**architectures(), **WRAPPED}.items():
         if _registered_here(ModelRegistry, arch, target):
             continue
-        if arch in ModelRegistry.get_supported_archs():
+        if arch not in WRAPPED and arch in ModelRegistry.get_supported_archs():
             continue  # vLLM's own implementation wins
         entry = in_process_entry(target)
         if entry is None:

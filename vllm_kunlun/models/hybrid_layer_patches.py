@@ -4,8 +4,9 @@ patches that route vLLM's GDN kernels and its state-block copy to the plugin's k
 are in ``vllm_kunlun/ops/gdn/patches.py``.
 
 Applied in ``Phase.HYBRID_MODEL`` (``patching.phases.apply_phase`` through
-``RUNTIME_PATCHES``) from the Qwen3.5 model's constructor, i.e. in the process that
-runs the model (engine core or worker), whatever ``VLLM_PLUGINS`` says; idempotent.
+``RUNTIME_PATCHES``) from the Qwen3.5 and Qwen3-Next models' constructors, i.e. in the
+process that runs the model (engine core or worker), whatever ``VLLM_PLUGINS`` says;
+idempotent.
 Each patch keeps the original, checks that the upstream object is the one it was written
 for (``PatchMismatch`` names what differs), and reverts.
 

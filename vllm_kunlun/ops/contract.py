@@ -112,6 +112,25 @@ VENDOR_CONTRACT: dict[str, dict[str, tuple[str, ...]]] = {
             "expert_group_num",
             "out",
         ),
+        # vllm_kunlun/ops/moe/routing_vendor.py: vLLM FusedMoE routing, by keyword as
+        # upstream passes it (outputs preallocated, block statistics None).
+        "moe_softmax_topk_norm": (
+            "x",
+            "normed_score",
+            "topk_index",
+            "block_statistic",
+            "stable",
+        ),
+        "moe_sigmoid_group_topk_norm": (
+            "x",
+            "norm_score",
+            "topk_index",
+            "block_static",
+            "bias",
+            "scale",
+            "n_group",
+            "topk_group",
+        ),
     },
     # torch custom ops (torch.ops.xspeedgate_ops.*, registered on import), called
     # positionally with vLLM's _C signatures: only their presence is checked.

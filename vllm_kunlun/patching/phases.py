@@ -38,7 +38,10 @@ CALL_SITES: dict[Phase, tuple[str, ...]] = {
     Phase.QUANTIZED_MODEL: (
         "vllm_kunlun.platforms.kunlun:KunlunPlatformBase.verify_quantization",
     ),
-    Phase.HYBRID_MODEL: ("vllm_kunlun.models.qwen3_5:Qwen3_5ForCausalLM.__init__",),
+    Phase.HYBRID_MODEL: (
+        "vllm_kunlun.models.qwen3_5:Qwen3_5ForCausalLM.__init__",
+        "vllm_kunlun.models.qwen3_next:Qwen3NextForCausalLM.__init__",
+    ),
     Phase.NATIVE_KERNELS: (
         "vllm_kunlun.platforms.kunlun:KunlunPlatformBase.import_kernels",
     ),

@@ -40,7 +40,9 @@ class Phase(enum.Enum):
         "the platform's verify_quantization, in the process that configures a "
         "quantized model"
     )
-    HYBRID_MODEL = "the Qwen3.5 model's constructor, in the process that runs it"
+    HYBRID_MODEL = (
+        "the Qwen3.5 and Qwen3-Next models' constructors, in the process that runs one"
+    )
     NATIVE_KERNELS = "the platform's import_kernels, once the native extension loaded"
 
     @property
@@ -167,6 +169,16 @@ REGISTRY: tuple[RuntimePatch, ...] = (
         "vLLM ships Kunlun kernels for these ops",
     ),
     RuntimePatch(
+        "kunlun_fused_moe",
+        "vllm_kunlun.ops.moe.fused_moe_method",
+        ("vllm.model_executor.custom_op.op_registry_oot",),
+        "on an out-of-tree platform vLLM's FusedMoE takes the CUDA path (vllm._C "
+        "routing, Triton experts), which does not run; the plugin routes and runs the "
+        "experts, and refuses MoE variants it does not serve at construction",
+        _WORKER,
+        "vLLM's fused MoE runs on the validated torch for out-of-tree platforms",
+    ),
+    RuntimePatch(
         "kunlun_gdn_kernels",
         "vllm_kunlun.ops.gdn.patches",
         tuple(
@@ -213,6 +225,16 @@ REGISTRY: tuple[RuntimePatch, ...] = (
         'device="cuda" hard-coded',
         (Phase.HYBRID_MODEL,),
         "vLLM's mamba block copy has a non-Triton path",
+    ),
+    RuntimePatch(
+        "kunlun_qwen3_next_mtp_names",
+        "vllm_kunlun.models.qwen3_next_mtp",
+        ("vllm.model_executor.models.qwen3_next_mtp.Qwen3NextDecoderLayer",),
+        "vLLM's Qwen3-Next MTP draft names its layer mtp.layers.0, an index the "
+        "target's layer 0 holds: binding the KV caches raises NotImplementedError on "
+        "an out-of-tree platform",
+        (Phase.HYBRID_MODEL,),
+        "vLLM names the MTP layers past the target's or binds KV caches by name",
     ),
     RuntimePatch(
         "kunlun_mamba_cache_written",
@@ -399,7 +421,7 @@ REGISTRY: tuple[RuntimePatch, ...] = (
 BY_NAME = {p.name: p for p in REGISTRY}
 TORCH_FIXES = ("schema_pep585", "torch_wrap_triton")
 # Entries that change a table rather than an attribute: no AttributePatch object.
-NOT_ATTRIBUTES = ("schema_pep585", "kunlun_vendor_custom_ops")
+NOT_ATTRIBUTES = ("schema_pep585", "kunlun_vendor_custom_ops", "kunlun_fused_moe")
 
 
 def live_patches(entry: RuntimePatch) -> list[Any]:

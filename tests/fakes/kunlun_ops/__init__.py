@@ -312,3 +312,7 @@ def top_k_top_p_sampling_from_logits(
 from kunlun_ops._gdn import *  # noqa: E402,F403  (Gated DeltaNet kernels)
 from kunlun_ops._int8 import matmul, quant2d  # noqa: E402,F401  (W8A8 int8 kernels)
 from kunlun_ops._moe import moe_ffn_block  # noqa: E402,F401  (the routed MoE block)
+from kunlun_ops._moe_routing import (  # noqa: E402,F401  (MoE routing kernels)
+    moe_sigmoid_group_topk_norm,
+    moe_softmax_topk_norm,
+)

@@ -49,7 +49,9 @@ def test_a_tiny_run_prints_json_and_a_plot_of_its_table(
     assert [r["tokens"] for r in report["rows"]] == [1, 5]
     for r in report["rows"]:
         assert r["grouped_ms"] > 0 and r["dense_ms"] > 0 and r["loop_ms"] > 0
+        assert r["vllm_ms"] > 0 and r["floor_ms"] > 0
         assert r["max_diff_vs_loop"] < (1e-5 if dtype == "float32" else 5e-2)
+        assert r["vllm_max_diff_vs_loop"] < (1e-5 if dtype == "float32" else 5e-2)
         assert 2 <= r["active_experts"] <= 8
     assert bench.markdown(report) in printed
     embedded = check_png(png, bench.load_plots())
@@ -57,7 +59,10 @@ def test_a_tiny_run_prints_json_and_a_plot_of_its_table(
         embedded,
         cells(bench.markdown(report)),
         column("tokens"),
-        {name: column(name) for name in ("grouped ms", "dense ms", "loop ms")},
+        {
+            name: column(name)
+            for name in ("grouped ms", "dense ms", "loop ms", "vllm ms", "floor ms")
+        },
     )
 
 

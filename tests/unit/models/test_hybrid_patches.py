@@ -16,7 +16,7 @@ from vllm.v1.attention.backends import gdn_attn
 from vllm.v1.kv_cache_interface import MambaSpec
 from vllm.v1.worker import mamba_utils
 
-from vllm_kunlun.models import hybrid_layer_patches
+from vllm_kunlun.models import hybrid_layer_patches, qwen3_next_mtp
 from vllm_kunlun.ops.gdn import patches as gdn_patches
 from vllm_kunlun.patching.phases import Phase, apply_phase
 
@@ -25,9 +25,11 @@ from vllm_kunlun.patching.phases import Phase, apply_phase
 def clean() -> Iterator[None]:
     hybrid_layer_patches.revert_all()
     gdn_patches.revert_all()
+    qwen3_next_mtp.revert()
     yield
     hybrid_layer_patches.revert_all()
     gdn_patches.revert_all()
+    qwen3_next_mtp.revert()
 
 
 # ---- kunlun_gdn_new_request_state ---------------------------------------------------------
@@ -151,6 +153,7 @@ def test_the_hybrid_phase_is_idempotent_and_reverts(clean: None) -> None:
         hybrid_layer_patches.NEW_REQUEST_STATE,
         hybrid_layer_patches.PREFILL_DRAFTS,
         gdn_patches.MAMBA_COPY,  # no Triton driver on this host
+        qwen3_next_mtp.NAME,
     ]
     assert apply_phase(Phase.HYBRID_MODEL) == []
     # The mamba cache patch belongs to the engine core's phases, not this one.
@@ -160,6 +163,10 @@ def test_the_hybrid_phase_is_idempotent_and_reverts(clean: None) -> None:
     assert sorted(gdn_patches.applied()) == sorted(gdn_patches.PATCH_GROUPS)
     hybrid_layer_patches.revert_all()
     gdn_patches.revert_all()
+    mtp_layer = qwen3_next_mtp.PATCHES[0]
+    assert mtp_layer.applied()
+    qwen3_next_mtp.revert()
+    assert not mtp_layer.applied()
     assert (
         gdn_attn.GDNAttentionMetadataBuilder,
         mamba_utils.do_mamba_copy_block,

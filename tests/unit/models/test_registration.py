@@ -24,6 +24,10 @@ from vllm_kunlun.models import inspection
 from vllm_kunlun.platforms.emulation import KunlunHostEmulationPlatform
 from vllm_kunlun.platforms.kunlun import KunlunPlatform
 
+# What register_models adds: the plugin's architectures, then vLLM's it wraps.
+ADDED = [*models.ARCHITECTURES, *models.WRAPPED]
+TARGETS = {**models.ARCHITECTURES, **models.WRAPPED}
+
 
 @pytest.fixture
 def registry(monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, Any]]:
@@ -40,8 +44,8 @@ def test_vllm_0_15_1_has_no_qwen3_5(registry: dict[str, Any]) -> None:
 
 
 def test_register_models_adds_lazy_entries_once(registry: dict[str, Any]) -> None:
-    assert models.register_models() == list(models.ARCHITECTURES)
-    for arch, target in models.ARCHITECTURES.items():
+    assert models.register_models() == ADDED
+    for arch, target in TARGETS.items():
         entry = ModelRegistry.models[arch]
         assert type(entry) is inspection.ENTRY_CLASS
         assert isinstance(entry, vllm_registry._LazyRegisteredModel)
@@ -62,13 +66,13 @@ def _no_subprocess(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(subprocess, "Popen", refuse)
 
 
-@pytest.mark.parametrize("arch", list(models.ARCHITECTURES))
+@pytest.mark.parametrize("arch", ADDED)
 def test_vllm_inspects_the_entries_in_this_process(
     registry: dict[str, Any], monkeypatch: pytest.MonkeyPatch, arch: str
 ) -> None:
     import importlib
 
-    module, _, name = models.ARCHITECTURES[arch].partition(":")
+    module, _, name = TARGETS[arch].partition(":")
     cls = getattr(importlib.import_module(module), name)
     models.register_models()
     _no_subprocess(monkeypatch)
@@ -98,8 +102,8 @@ def test_register_models_falls_back_to_strings_naming_why(
     _print_warning_once.cache_clear()  # warning_once: a line this process logged before
     caplog.set_level(logging.WARNING, logger="vllm")  # its handler on "vllm" itself
     monkeypatch.delattr(vllm_registry, "_ModelInfo")  # a vLLM that renamed it
-    assert models.register_models() == list(models.ARCHITECTURES)
-    for arch, target in models.ARCHITECTURES.items():
+    assert models.register_models() == ADDED
+    for arch, target in TARGETS.items():
         entry = ModelRegistry.models[arch]
         assert type(entry) is vllm_registry._LazyRegisteredModel  # vLLM's own
         assert f"{entry.module_name}:{entry.class_name}" == target
@@ -166,9 +170,7 @@ def test_register_models_imports_no_model_code() -> None:
         env={"VLLM_KUNLUN_HOST_EMULATION": "1"},
     )
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.strip().splitlines()[-1] == (
-        f"{list(models.ARCHITECTURES)} InProcessLazyModel False"
-    )
+    assert proc.stdout.strip().splitlines()[-1] == (f"{ADDED} InProcessLazyModel False")
 
 
 def test_an_architecture_vllm_serves_is_left_to_vllm(
@@ -180,6 +182,25 @@ def test_an_architecture_vllm_serves_is_left_to_vllm(
     )
     assert "Qwen3ForCausalLM" not in models.register_models()
     assert ModelRegistry.models["Qwen3ForCausalLM"] is vllms_own
+
+
+def test_vllms_qwen3_next_is_served_through_the_plugins_subclass(
+    registry: dict[str, Any],
+) -> None:
+    """vLLM's own entry is replaced (its GDN layers need the plugin's kernels), by a
+    subclass: vLLM's model, weight loading and state shapes stay vLLM's."""
+    from vllm.model_executor.models import qwen3_next as upstream
+
+    from vllm_kunlun.models import qwen3_next
+
+    vllms_own = ModelRegistry.models["Qwen3NextForCausalLM"]
+    assert vllms_own.module_name == upstream.__name__
+    assert "Qwen3NextForCausalLM" in models.register_models()
+    entry = ModelRegistry.models["Qwen3NextForCausalLM"]
+    assert entry.module_name == qwen3_next.__name__
+    assert issubclass(qwen3_next.Qwen3NextForCausalLM, upstream.Qwen3NextForCausalLM)
+    # vLLM's MTP draft for it stays vLLM's.
+    assert ModelRegistry.models["Qwen3NextMTP"].module_name.startswith("vllm.")
 
 
 def test_what_vllm_learns_when_it_inspects_the_classes() -> None:

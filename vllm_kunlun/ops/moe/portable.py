@@ -30,6 +30,13 @@ import torch
 import torch.nn.functional as F
 
 Int8Linear = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+# gate_up [n, 2I] -> h [n, I]; the default is SwiGLU's silu(gate) * up.
+GatedAct = Callable[[torch.Tensor], torch.Tensor]
+
+
+def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    gate, up = gate_up.chunk(2, dim=-1)
+    return F.silu(gate) * up
 
 
 def route(
@@ -72,6 +79,10 @@ def grouped_experts(
     w13_scale: torch.Tensor | None = None,
     w2_scale: torch.Tensor | None = None,
     int8_linear: Int8Linear | None = None,
+    act: GatedAct = silu_and_mul,
+    w13_bias: torch.Tensor | None = None,
+    w2_bias: torch.Tensor | None = None,
+    weight_on_input: bool = False,
 ) -> torch.Tensor:
     """The routed experts' output [T, H] in ``x``'s dtype.
 
@@ -82,7 +93,10 @@ def grouped_experts(
     parallel group). With ``w13_scale`` [E_local, 2I] and ``w2_scale`` [E_local, H]
     the weights are int8 (W8A8: symmetric per-channel weight scales, dynamic per-token
     activations) and each matmul is ``int8_linear(x_slice, w[e], scale[e])``, by
-    default the int8 seam's kernel for ``x``'s device.
+    default the int8 seam's kernel for ``x``'s device. ``act`` maps gate_up to the
+    expert's hidden activation (default SwiGLU); ``w13_bias`` [E_local, 2I] and
+    ``w2_bias`` [E_local, H] are added after their matmuls; ``weight_on_input``
+    scales each expert's input by its routing weight instead of its output.
     """
     if x.dim() != 2:
         raise ValueError(f"grouped_experts takes x as [T, H], got {tuple(x.shape)}")
@@ -112,14 +126,17 @@ def grouped_experts(
     for e, n in zip(experts.tolist(), counts.tolist(), strict=True):
         rows = slice(start, start + n)
         start += n
-        if quantized:
-            gate_up = linear(xs[rows], w13[e], s13[e])
-        else:
-            gate_up = F.linear(xs[rows], w13[e])
-        gate, up = gate_up.chunk(2, dim=-1)
-        h = F.silu(gate) * up
+        xe = xs[rows]
+        if weight_on_input:
+            xe = (xe * weights[rows]).to(x.dtype)
+        gate_up = linear(xe, w13[e], s13[e]) if quantized else F.linear(xe, w13[e])
+        if w13_bias is not None:
+            gate_up = gate_up + w13_bias[e]
+        h = act(gate_up)
         y = linear(h, w2[e], s2[e]) if quantized else F.linear(h, w2[e])
-        ys[rows] = (y * weights[rows]).to(x.dtype)
+        if w2_bias is not None:
+            y = y + w2_bias[e]
+        ys[rows] = (y if weight_on_input else y * weights[rows]).to(x.dtype)
     return out.index_add_(0, tokens, ys)
 
 

@@ -94,6 +94,12 @@ def served() -> list[dict[str, Any]]:
     ]
 
 
+def record_served(device: torch.device, path: str, reason: str) -> None:
+    """Count one MoE call served on ``path`` (``served()`` reports it); also used by
+    vLLM's FusedMoE layers (``ops/moe/fused_moe_method.py``)."""
+    _served[(device.type, path, reason)] += 1
+
+
 def _vendor_refusal(
     local_experts: int, num_experts: int, quantized: bool
 ) -> str | None:

@@ -1,0 +1,136 @@
+"""Tiny checkpoints of vLLM's MoE families, written by transformers 5.2.0's own classes.
+
+Why: the families vLLM builds on its ``FusedMoE`` layer (Qwen3-MoE, Mixtral, GLM-4.5)
+need checkpoints exactly as transformers saves them (its own config class, its own
+``save_pretrained``, its expert layout) to test the plugin's MoE method against
+transformers' modeling code. Test helper only: ``python moe_families.py FAMILY DIR
+[SEED]`` writes one (also used for held-out checks with another seed).
+
+The weights are transformers' initialisation redrawn wider (seeded): linears std
+``1/sqrt(fan_in)`` so the activations neither vanish nor explode, the router std 3 so
+each token prefers a few experts clearly (float noise does not flip an expert choice)
+while different tokens reach different experts, and GLM's correction bias spread so it
+changes some choices. The tokenizer is the tiny word-level one every tiny checkpoint
+shares.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from vllm_kunlun.demo.tiny_model import vocabulary, write_tokenizer_files
+
+COMMON: dict[str, Any] = {
+    "hidden_size": 64,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 16,
+    "max_position_embeddings": 512,
+    "rms_norm_eps": 1e-6,
+    "tie_word_embeddings": False,
+}
+
+
+def qwen3_moe(num_experts: int = 8, top_k: int = 2, width: int = 32) -> Any:
+    from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
+
+    config = Qwen3MoeConfig(
+        **COMMON,
+        intermediate_size=96,
+        moe_intermediate_size=width,
+        num_experts=num_experts,
+        num_experts_per_tok=top_k,
+        norm_topk_prob=True,
+        decoder_sparse_step=1,
+        mlp_only_layers=[],
+    )
+    return Qwen3MoeForCausalLM, config
+
+
+def mixtral(num_experts: int = 8, top_k: int = 2, width: int = 48) -> Any:
+    from transformers import MixtralConfig, MixtralForCausalLM
+
+    config = MixtralConfig(
+        **COMMON,
+        intermediate_size=width,
+        num_local_experts=num_experts,
+        num_experts_per_tok=top_k,
+    )
+    return MixtralForCausalLM, config
+
+
+def glm4_moe(num_experts: int = 16, top_k: int = 4, width: int = 32) -> Any:
+    """GLM-4.5's layout: a dense first layer, then sigmoid-scored grouped routing with
+    the correction bias, routed scaling and a shared expert."""
+    from transformers import Glm4MoeConfig, Glm4MoeForCausalLM
+
+    config = Glm4MoeConfig(
+        **COMMON,
+        intermediate_size=96,
+        moe_intermediate_size=width,
+        n_routed_experts=num_experts,
+        num_experts_per_tok=top_k,
+        n_shared_experts=1,
+        n_group=2,
+        topk_group=1,
+        first_k_dense_replace=1,
+        norm_topk_prob=True,
+        routed_scaling_factor=2.5,
+        partial_rotary_factor=0.5,
+        use_qk_norm=True,
+    )
+    config.num_hidden_layers = 3
+    return Glm4MoeForCausalLM, config
+
+
+FAMILIES = {"qwen3_moe": qwen3_moe, "mixtral": mixtral, "glm4_moe": glm4_moe}
+
+
+def _redraw(model: torch.nn.Module, seed: int) -> None:
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.copy_(1.0 + 0.1 * torch.randn(p.shape, generator=gen))
+            elif name.endswith("e_score_correction_bias"):
+                p.copy_(0.3 * torch.randn(p.shape, generator=gen))
+            elif name.endswith("gate.weight") and p.dim() == 2 and "proj" not in name:
+                p.copy_(
+                    3.0 * torch.randn(p.shape, generator=gen) / math.sqrt(p.shape[1])
+                )
+            elif p.dim() >= 2:
+                fan_in = p.shape[-1]
+                p.copy_(torch.randn(p.shape, generator=gen) / math.sqrt(fan_in))
+            else:
+                p.copy_(0.1 * torch.randn(p.shape, generator=gen))
+        for name, b in model.named_buffers():
+            if name.endswith("e_score_correction_bias"):
+                b.copy_(0.3 * torch.randn(b.shape, generator=gen))
+
+
+def write(family: str, out: str | Path, seed: int = 0, **shape: Any) -> Path:
+    """Write ``family``'s tiny checkpoint (float32) and the tokenizer into ``out``."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    cls, config = FAMILIES[family](**shape)
+    vocab = vocabulary()
+    config.vocab_size = len(vocab)
+    config.bos_token_id = None
+    config.eos_token_id = None
+    config.pad_token_id = None
+    torch.manual_seed(seed)
+    model = cls(config).to(torch.float32)
+    _redraw(model, seed + 1)
+    model.save_pretrained(out)
+    write_tokenizer_files(out, vocab)
+    return out
+
+
+if __name__ == "__main__":
+    print(write(sys.argv[1], sys.argv[2], int(sys.argv[3]) if len(sys.argv) > 3 else 0))
