@@ -30,7 +30,7 @@ from typing import Any
 import pytest
 
 from tests.integration import moe_families
-from tests.integration.test_e2e_emulation import (
+from tests.integration.engine_specs import (
     EMULATION,
     GREEDY_PROMPTS,
     LLM_ARGS,

@@ -27,13 +27,13 @@ from typing import Any
 
 import pytest
 
-from tests.integration.qwen3_next_checkpoint import write_qwen3_next
 from tests.integration.engine_specs import (
     BLOCK_SIZE,
     EMULATION,
     TOKEN_BUDGET,
     run_spec,
 )
+from tests.integration.qwen3_next_checkpoint import write_qwen3_next
 from tests.integration.test_e2e_hybrid import GREEDY_JOBS, GREEDY_TOKENS, LLM_ARGS
 
 pytestmark = pytest.mark.slow
