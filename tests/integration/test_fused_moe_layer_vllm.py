@@ -4,8 +4,10 @@ One fresh interpreter (the real platform hooks and general plugin, world size 1,
 config in place): ``FusedMoE(...)`` must come out as the plugin's layer with the
 plugin's method, its ``weight_loader`` fills the experts from per-expert checkpoint
 tensors, and the layer's method computes the routed block equal to a float64 loop here.
-Then the variants the plugin does not serve are refused while the layer is built (what
-an engine start hits in its first seconds), naming the layer and the fix.
+Then the variants the plugin does not serve (EPLB, an activation the kernel lacks, int4
+compressed-tensors experts) are refused while the layer is built (what an engine start
+hits in its first seconds), naming the layer and the fix. (Other quantization methods,
+FP8 included, are refused earlier, by the platform's ``verify_quantization``.)
 """
 
 from __future__ import annotations
@@ -55,9 +57,18 @@ with set_current_vllm_config(VllmConfig()):
                                 else "w2_weight", shard_id=shard, expert_id=e)
     layer.quant_method.process_weights_after_loading(layer)
     out["y"] = layer.quant_method.apply_monolithic(layer, ck["x"], ck["logits"])
+    from vllm.model_executor.layers.quantization.compressed_tensors.compressed_tensors \
+        import CompressedTensorsConfig
+    int4 = CompressedTensorsConfig.from_config({
+        "quant_method": "compressed-tensors", "format": "pack-quantized",
+        "config_groups": {"g": {"targets": ["Linear"], "weights": {
+            "num_bits": 4, "type": "int", "symmetric": True, "strategy": "group",
+            "group_size": 32, "dynamic": False}}},
+        "ignore": []})
     refusals = {}
     for name, kw in {"eplb": {"enable_eplb": True},
-                     "activation": {"activation": "swiglustep"}}.items():
+                     "activation": {"activation": "swiglustep"},
+                     "int4": {"quant_config": int4}}.items():
         try:
             build(f"model.layers.{len(refusals) + 1}.mlp.experts", **kw)
             refusals[name] = None
@@ -138,7 +149,11 @@ def test_the_loaded_layer_computes_the_routed_block(results: dict) -> None:
 
 @pytest.mark.parametrize(
     ("variant", "words"),
-    [("eplb", "--enable-eplb"), ("activation", "'swiglustep'")],
+    [
+        ("eplb", "--enable-eplb"),
+        ("activation", "'swiglustep'"),
+        ("int4", "CompressedTensorsWNA16MoEMethod"),
+    ],
 )
 def test_unserved_variants_are_refused_while_the_layer_is_built(
     results: dict, variant: str, words: str
