@@ -71,7 +71,7 @@ def glm4_moe(num_experts: int = 16, top_k: int = 4, width: int = 32) -> Any:
     from transformers import Glm4MoeConfig, Glm4MoeForCausalLM
 
     config = Glm4MoeConfig(
-        **COMMON,
+        **{**COMMON, "num_hidden_layers": 3},
         intermediate_size=96,
         moe_intermediate_size=width,
         n_routed_experts=num_experts,
@@ -85,7 +85,6 @@ def glm4_moe(num_experts: int = 16, top_k: int = 4, width: int = 32) -> Any:
         partial_rotary_factor=0.5,
         use_qk_norm=True,
     )
-    config.num_hidden_layers = 3
     return Glm4MoeForCausalLM, config
 
 

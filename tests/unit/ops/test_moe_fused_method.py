@@ -453,3 +453,116 @@ def test_vendor_routing_keywords_are_declared_in_the_contract(
     assert names == ["moe_sigmoid_group_topk_norm", "moe_softmax_topk_norm"]
     for call in vendor_routing.CALLS:
         assert set(call.args) == set(VENDOR_CONTRACT["kunlun_ops"][call.name])
+
+
+# ---- registration and the W8A8 method ---------------------------------------------------
+
+
+def test_register_all_replaces_vllms_moe_classes_on_a_plugin_platform_only(
+    monkeypatch: pytest.MonkeyPatch, emulation_platform: object
+) -> None:
+    from vllm.model_executor.custom_op import op_registry_oot
+    from vllm.model_executor.layers.fused_moe.layer import FusedMoE
+    from vllm.model_executor.layers.fused_moe.shared_fused_moe import SharedFusedMoE
+
+    from tests.conftest import serve_platform
+
+    fused_moe_method.unregister_all()
+    try:
+        assert fused_moe_method.register_all() == [
+            "UnquantizedFusedMoEMethod",
+            "FusedMoE",
+            "SharedFusedMoE",
+        ]
+        assert fused_moe_method.register_all() == []  # idempotent
+        assert op_registry_oot["FusedMoE"] is fused_moe_method.KunlunFusedMoE
+        assert (
+            op_registry_oot["SharedFusedMoE"] is fused_moe_method.KunlunSharedFusedMoE
+        )
+        # vLLM's op names: custom_ops switches keep meaning what they say.
+        assert fused_moe_method.KunlunFusedMoE.name == FusedMoE.name == "fused_moe"
+        assert issubclass(fused_moe_method.KunlunSharedFusedMoE, SharedFusedMoE)
+        assert (
+            fused_moe_method.KunlunUnquantizedFusedMoEMethod.name
+            == "unquantized_fused_moe"
+        )
+    finally:
+        fused_moe_method.unregister_all()
+    serve_platform(monkeypatch, object())  # vLLM's own platform: nothing replaced
+    assert fused_moe_method.register_all() == []
+    assert "FusedMoE" not in op_registry_oot
+
+
+def _int8_method(cls: type) -> Any:
+    method = object.__new__(cls)
+    method.__dict__.update({"weight_quant": "w", "input_quant": "a", "moe": "cfg"})
+    return method
+
+
+def test_vllms_w8a8_int8_method_gets_the_plugins_forward_and_keeps_its_state() -> None:
+    from vllm.model_executor.layers.quantization.compressed_tensors import (
+        compressed_tensors_moe as ct,
+    )
+
+    vllms = _int8_method(ct.CompressedTensorsW8A8Int8MoEMethod)
+    layer = _served_layer(quant_method=vllms)
+    fused_moe_method.serve(layer)
+    ours = layer.quant_method
+    assert type(ours) is fused_moe_method.KunlunW8A8Int8MoEMethod
+    assert isinstance(ours, ct.CompressedTensorsW8A8Int8MoEMethod)
+    assert ours.__dict__ == vllms.__dict__ and ours.is_monolithic
+    assert ours.maybe_make_prepare_finalize() is None
+
+
+def test_other_quantized_moe_methods_are_refused_at_construction() -> None:
+    from vllm.model_executor.layers.quantization.compressed_tensors import (
+        compressed_tensors_moe as ct,
+    )
+
+    class Derived(ct.CompressedTensorsW8A8Int8MoEMethod):  # may mean other weights
+        pass
+
+    for method in (
+        _int8_method(Derived),
+        object.__new__(ct.CompressedTensorsW8A8Fp8MoEMethod),
+    ):
+        layer = _served_layer(quant_method=method, quant_config=SimpleNamespace())
+        with pytest.raises(ValueError, match=type(method).__name__):
+            fused_moe_method.serve(layer)
+
+
+def test_int8_experts_forward_matches_dequantized_weights_on_quantized_inputs() -> None:
+    """The W8A8 method's forward: per-token int8 activations x int8 weights x scales,
+    against a float64 loop on the dequantized weights with the activations rounded
+    the same way (absmax / 127 per token)."""
+    torch.manual_seed(5)
+    experts, hidden, inter, tokens, top_k = 8, 32, 16, 6, 2
+    w13 = torch.randn(experts, 2 * inter, hidden)
+    w2 = torch.randn(experts, hidden, inter)
+
+    def quantize(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        scale = w.abs().amax(dim=-1, keepdim=True) / 127
+        return torch.round(w / scale).clamp(-128, 127).to(torch.int8), scale
+
+    q13, s13 = quantize(w13)
+    q2, s2 = quantize(w2)
+    layer = _layer(top_k=top_k, w13_weight=q13, w2_weight=q2)
+    layer.w13_weight_scale, layer.w2_weight_scale = s13, s2  # [E, N, 1]
+    method = object.__new__(fused_moe_method.KunlunW8A8Int8MoEMethod)
+    x, logits = torch.randn(tokens, hidden), _logits(experts, tokens, 4)
+    got = method.apply_monolithic(layer, x, logits)
+
+    def per_token(a: torch.Tensor) -> torch.Tensor:
+        scale = a.abs().amax(dim=-1, keepdim=True) / 127
+        return torch.round(a / scale).clamp(-128, 127) * scale
+
+    weights, ids = routing.select_experts(x, logits, routing.Routing(top_k=top_k))
+    d13, d2 = (q13.double() * s13.double()), (q2.double() * s2.double())
+    want = torch.zeros(tokens, hidden, dtype=torch.float64)
+    for t in range(tokens):
+        for s in range(top_k):
+            e = int(ids[t, s])
+            gate, up = (d13[e] @ per_token(x[t : t + 1].double())[0]).chunk(2)
+            h = per_token((F.silu(gate) * up).unsqueeze(0))[0]
+            want[t] += float(weights[t, s]) * (d2[e] @ h)
+    torch.testing.assert_close(got.double(), want, atol=2e-3, rtol=2e-3)

@@ -110,6 +110,8 @@ def test_every_keyword_passed_is_declared_in_the_contract(fake_ops: Any) -> None
         "matmul",
         "fused_recurrent_gated_delta_rule_fwdv2",  # the GDN decode (test_gdn_seam.py)
         "moe_ffn_block",  # the routed MoE block (test_moe_seam.py)
+        "moe_softmax_topk_norm",  # vLLM FusedMoE routing (test_moe_fused_method.py)
+        "moe_sigmoid_group_topk_norm",
     }
     assert used == norms_rotary_act
     for name, keywords in fake_ops.KEYWORDS:

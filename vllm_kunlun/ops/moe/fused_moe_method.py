@@ -10,10 +10,15 @@ How, through vLLM's extension points only (``CustomOp.register_oot``):
 - ``UnquantizedFusedMoEMethod`` (CustomOp ``unquantized_fused_moe``) is replaced by
   ``KunlunUnquantizedFusedMoEMethod``: a *monolithic* method (the layer hands it the
   router logits, as it does vLLM's CPU method), which routes as vLLM defines it
-  (``ops/moe/routing.py``) and runs the experts on the plugin's grouped-expert kernel
-  (``ops/moe/portable.py``; the only loop is over the experts some token chose);
-- ``FusedMoE`` and ``SharedFusedMoE`` are replaced by subclasses that only check, right
-  after vLLM built the layer, that the plugin serves it (``refusal``): an MoE variant
+  (``ops/moe/routing.py``; on Kunlun's routing kernels where the policy wants vendor
+  kernels and one computes it, ``routing_vendor.py``) and runs the experts on the
+  plugin's grouped-expert kernel (``ops/moe/portable.py``; the only loop is over the
+  experts some token chose);
+- ``FusedMoE`` and ``SharedFusedMoE`` are replaced by subclasses that check, right
+  after vLLM built the layer, that the plugin serves it: vLLM's compressed-tensors
+  W8A8-INT8 method gets the plugin's forward (``KunlunW8A8Int8MoEMethod``: the grouped
+  kernel with each matmul on the int8 seam; vLLM's weights and loaders kept), and
+  anything else is refused (``refusal``): an MoE variant
   that is not served (quantized experts other than the plugin's methods, an activation
   the kernel lacks, EPLB, data parallel dispatch) stops the engine start naming the
   layer, the cause and the fix, instead of a raw kernel error a minute in.
