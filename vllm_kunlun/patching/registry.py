@@ -318,6 +318,16 @@ REGISTRY: tuple[RuntimePatch, ...] = (
         "vLLM decodes images while it parses a request",
     ),
     RuntimePatch(
+        "strict_json_strings",
+        "vllm_kunlun.ops.structured.json_strings",
+        ("vllm.v1.structured_output.backend_xgrammar.XgrammarBackend.compile_grammar",),
+        "xgrammar 0.1.29 lets raw control characters (and, through a pattern's '.', "
+        "quotes and backslashes) into length-bounded JSON strings: json_schema "
+        "answers that strict JSON parsers reject",
+        (Phase.FRONT_END, Phase.MODEL_PROCESS),
+        "the pinned xgrammar's string rules exclude control characters",
+    ),
+    RuntimePatch(
         "serve_shutdown_bound",
         "vllm_kunlun.guards.shutdown",
         ("vllm.entrypoints.openai.api_server.serve_http",),
