@@ -318,6 +318,15 @@ REGISTRY: tuple[RuntimePatch, ...] = (
         "vLLM decodes images while it parses a request",
     ),
     RuntimePatch(
+        "grammar_error_cause",
+        "vllm_kunlun.guards.grammar_errors",
+        ("vllm.v1.engine.input_processor.validate_xgrammar_grammar",),
+        "a bad EBNF grammar or a schema that is not JSON is a 400 saying only "
+        "'Invalid grammar specification.' (xgrammar's reason is dropped)",
+        _FRONT,
+        "vLLM's messages carry xgrammar's reason",
+    ),
+    RuntimePatch(
         "strict_json_strings",
         "vllm_kunlun.ops.structured.json_strings",
         ("vllm.v1.structured_output.backend_xgrammar.XgrammarBackend.compile_grammar",),
