@@ -13,7 +13,11 @@ import xgrammar as xgr
 from xgrammar.testing import _is_grammar_accept_string
 
 from vllm_kunlun.ops.structured import json_strings
-from vllm_kunlun.ops.structured.json_strings import narrow_class, strict_json_grammar
+from vllm_kunlun.ops.structured.json_strings import (
+    integer_range_ebnf,
+    narrow_class,
+    strict_json_grammar,
+)
 
 
 def _schema(prop: dict) -> str:
@@ -80,6 +84,47 @@ def test_narrowed_grammar_accepts_exactly_the_strict_json_strings(name: str) -> 
 )
 def test_narrow_class(cls: str, expected: str) -> None:
     assert narrow_class(cls) == expected
+
+
+@pytest.mark.parametrize(
+    ("lo", "hi"),
+    [(0, 120), (5, None), (None, 50), (-20, 35), (-7, -3), (123, 4567), (0, 0)],
+)
+def test_integer_ranges_are_exact(lo: int | None, hi: int | None) -> None:
+    grammar = xgr.Grammar.from_ebnf("root ::= " + integer_range_ebnf(lo, hi))
+    for v in range(-5000, 5000, 1 if hi is not None and hi < 200 else 7):
+        inside = (lo is None or lo <= v) and (hi is None or v <= hi)
+        assert _is_grammar_accept_string(grammar, str(v)) == inside, v
+    for text in ("01", "-0", "+1", "1.0"):
+        assert not _is_grammar_accept_string(grammar, text), text
+
+
+def test_bounded_integers_in_a_schema() -> None:
+    """xgrammar 0.1.29 lets ``maximum: 120`` through up to 129 and ``minimum: 5``
+    through 1-4; the patched grammar is exact, nested in arrays too."""
+    schema = json.dumps(
+        {
+            "type": "object",
+            "properties": {
+                "age": {"type": "integer", "minimum": 0, "maximum": 120},
+                "n": {"type": "array", "items": {"type": "integer", "minimum": 5}},
+            },
+            "required": ["age", "n"],
+        }
+    )
+    original = xgr.Grammar.from_json_schema(schema, any_whitespace=True)
+    narrowed = xgr.Grammar.from_ebnf(strict_json_grammar(schema, any_whitespace=True))
+    for text, ok in [
+        ('{"age": 120, "n": [5, 77]}', True),
+        ('{"age": 0, "n": []}', True),
+        ('{"age": 121, "n": [5]}', False),
+        ('{"age": 1, "n": [4]}', False),
+    ]:
+        assert _is_grammar_accept_string(narrowed, text) == ok, text
+        if not ok:
+            assert _is_grammar_accept_string(original, text), (
+                "the xgrammar bug is gone?"
+            )
 
 
 def test_the_patch_compiles_schemas_through_vllms_grammar_path() -> None:

@@ -28,6 +28,8 @@ Removal: when the pinned xgrammar's string rules exclude control characters
 from __future__ import annotations
 
 import functools
+import json
+import math
 from types import ModuleType
 from typing import Any
 
@@ -170,12 +172,121 @@ def strict_strings_ebnf(ebnf: str) -> str:
     return "".join(out)
 
 
+def _same_length(lo: str, hi: str) -> list[str]:
+    """EBNF alternatives for the digit strings of one length from ``lo`` to ``hi``."""
+    if not lo:
+        return [""]
+    rest = len(lo) - 1
+    if lo[0] == hi[0]:
+        return [f'"{lo[0]}" {tail}'.strip() for tail in _same_length(lo[1:], hi[1:])]
+    out = [f'"{lo[0]}" {tail}'.strip() for tail in _same_length(lo[1:], "9" * rest)]
+    if int(hi[0]) - int(lo[0]) > 1:
+        out.append(f"[{int(lo[0]) + 1}-{int(hi[0]) - 1}]" + " [0-9]" * rest)
+    out += [f'"{hi[0]}" {tail}'.strip() for tail in _same_length("0" * rest, hi[1:])]
+    return out
+
+
+def _magnitudes(lo: int, hi: int | None) -> list[str]:
+    """EBNF alternatives for the integers ``lo``..``hi`` (``None``: no end), lo >= 0,
+    written without leading zeros."""
+    out: list[str] = []
+    digits = len(str(lo))
+    while hi is None or lo <= hi:
+        top = 10**digits - 1
+        if hi is not None:
+            top = min(top, hi)
+        out += _same_length(str(lo), str(top).zfill(digits))
+        lo, digits = top + 1, digits + 1
+        if hi is None:  # every longer number
+            out.append("[1-9]" + " [0-9]" * (digits - 1) + " [0-9]*")
+            break
+    return out
+
+
+def integer_range_ebnf(lo: int | None, hi: int | None) -> str:
+    """An EBNF expression for the JSON integers in [lo, hi] (``None``: unbounded)."""
+    alts: list[str] = []
+    if lo is None or lo < 0:  # negative numbers: "-" and a magnitude
+        small = 1 if hi is None or hi >= 0 else -hi
+        big = None if lo is None else -lo
+        if big is None or small <= big:
+            alts += [f'"-" {m}' for m in _magnitudes(small, big)]
+    if (lo is None or lo <= 0) and (hi is None or hi >= 0):
+        alts.append('"0"')
+    if hi is None or hi >= 1:
+        start = 1 if lo is None else max(lo, 1)
+        if hi is None or start <= hi:
+            alts += _magnitudes(start, hi)
+    if not alts:
+        raise ValueError(f"the integer range [{lo}, {hi}] is empty")
+    return "(" + " | ".join(f"({a})" for a in alts) + ")"
+
+
+_PLACEHOLDER = "vllm-kunlun-integer-{}"
+
+
+def _bounds(node: dict) -> tuple[int | None, int | None]:
+    lo = hi = None
+    if isinstance(node.get("minimum"), (int, float)):
+        lo = math.ceil(node["minimum"])
+    if isinstance(node.get("exclusiveMinimum"), (int, float)) and not isinstance(
+        node["exclusiveMinimum"], bool
+    ):
+        lo = max(
+            lo if lo is not None else -(10**30),
+            math.floor(node["exclusiveMinimum"]) + 1,
+        )
+    if isinstance(node.get("maximum"), (int, float)):
+        hi = math.floor(node["maximum"])
+    if isinstance(node.get("exclusiveMaximum"), (int, float)) and not isinstance(
+        node["exclusiveMaximum"], bool
+    ):
+        hi = min(
+            hi if hi is not None else 10**30, math.ceil(node["exclusiveMaximum"]) - 1
+        )
+    return lo, hi
+
+
+_INTEGER_KEYS = {"type", "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"}
+_NOTES = {"title", "description", "default", "examples", "$comment"}
+
+
+def _take_integer_ranges(node: Any, rules: list[str]) -> Any:
+    """``node`` with every bounded integer schema replaced by a placeholder constant
+    whose rule (``rules[i]``) is written here; anything else copied."""
+    if isinstance(node, list):
+        return [_take_integer_ranges(item, rules) for item in node]
+    if not isinstance(node, dict):
+        return node
+    bounded = node.keys() & (_INTEGER_KEYS - {"type"})
+    if (
+        node.get("type") == "integer"
+        and bounded
+        and node.keys() <= _INTEGER_KEYS | _NOTES
+    ):
+        lo, hi = _bounds(node)
+        rules.append(integer_range_ebnf(lo, hi))
+        return {"const": _PLACEHOLDER.format(len(rules) - 1)}
+    return {key: _take_integer_ranges(value, rules) for key, value in node.items()}
+
+
 def strict_json_grammar(schema: str, *, any_whitespace: bool) -> str:
-    """The EBNF vLLM's xgrammar backend would compile for ``schema``, made strict."""
+    """The EBNF vLLM's xgrammar backend would compile for ``schema``, made strict:
+    strings hold no raw control character, quote or backslash, and bounded integers
+    are exactly their range (xgrammar 0.1.29 lets ``maximum: 120`` through 129 and
+    ``minimum: 5`` through 1-4)."""
     import xgrammar
 
-    grammar = xgrammar.Grammar.from_json_schema(schema, any_whitespace=any_whitespace)
-    return strict_strings_ebnf(str(grammar))
+    rules: list[str] = []
+    parsed = json.loads(schema)
+    replaced = json.dumps(_take_integer_ranges(parsed, rules))
+    grammar = xgrammar.Grammar.from_json_schema(replaced, any_whitespace=any_whitespace)
+    ebnf = strict_strings_ebnf(str(grammar))
+    for i, rule in enumerate(rules):
+        literal = '"\\"' + _PLACEHOLDER.format(i) + '\\""'
+        assert literal in ebnf, (literal, ebnf)
+        ebnf = ebnf.replace(literal, rule)
+    return ebnf
 
 
 def _check(module: ModuleType, original: Any) -> str | None:
