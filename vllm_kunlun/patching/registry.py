@@ -331,8 +331,9 @@ REGISTRY: tuple[RuntimePatch, ...] = (
         "vllm_kunlun.ops.structured.json_strings",
         ("vllm.v1.structured_output.backend_xgrammar.XgrammarBackend.compile_grammar",),
         "xgrammar 0.1.29 lets raw control characters (and, through a pattern's '.', "
-        "quotes and backslashes) into length-bounded JSON strings: json_schema "
-        "answers that strict JSON parsers reject",
+        "quotes and backslashes) into length-bounded JSON strings, and bounded "
+        "integers out of their range (maximum 120 lets 121-129 through): json_schema "
+        "answers that strict JSON parsers reject or that fail their schema",
         (Phase.FRONT_END, Phase.MODEL_PROCESS),
         "the pinned xgrammar's string rules exclude control characters",
     ),

@@ -19,6 +19,13 @@ outside a string's characters -- the structural whitespace ``[ \n\t]`` and the e
 letters ``["\\/bfnrt]`` after a backslash -- and the narrowed EBNF is compiled through
 vLLM's own grammar path. Regex, EBNF and choice requests are what the user wrote and
 are left alone.
+The same wrapper makes bounded integers exact: xgrammar 0.1.29's range rules let
+``{"type": "integer", "minimum": 0, "maximum": 120}`` through to 129 and
+``{"minimum": 5}`` through 1-4. Each bounded integer schema is replaced by a placeholder
+constant before the conversion and its literal by an exact digit grammar after it.
+Not fixed (no EBNF can express it in 0.1.29): inside a string xgrammar decodes UTF-8
+leniently, so an overlong or surrogate byte sequence counts as one character and
+reaches the answer as U+FFFD pairs (still valid JSON, but over a maxLength).
 Installed with the engine guards (``Phase.FRONT_END``, which vLLM's general plugins
 reach in the engine core, where grammars compile) and in the model process.
 Removal: when the pinned xgrammar's string rules exclude control characters
