@@ -10,6 +10,10 @@ How: ``validate_xgrammar_grammar``, as the input processor calls it, is wrapped:
 ``ValueError`` whose chained cause is not in its message is raised again with the
 cause appended (xgrammar's ``[time] file.cc:line:`` prefix removed). Requests that pass
 are untouched; the engine never sees a bad constraint either way.
+On the Kunlun platform (not in host emulation) a structured-output request is also a
+400 naming the fix when patch 07 of the patch set is not in the installed vLLM: without
+it xgrammar sends the mask of a "cuda" tensor to its Triton kernel, which does not run
+on Kunlun, and the step fails in the model process.
 Installed with the engine guards (``Phase.FRONT_END``: the processes that parse
 requests).
 Removal: when vLLM's messages carry xgrammar's reason.
@@ -47,6 +51,30 @@ def with_cause(exc: ValueError) -> ValueError:
     return ValueError(f"{message}: {reason}")
 
 
+PATCH_07_FUNCTION = "_apply_token_bitmask_torch_native"
+"""What patch 07 adds to vllm/v1/structured_output/utils.py."""
+PATCH_07_MISSING = (
+    "structured output on Kunlun needs patch 07 of the patch_torch251 set (xgrammar's "
+    "Triton mask kernel does not run on Kunlun) and the installed vLLM does not have "
+    "it: run `vllm-kunlun patch apply` and restart the server"
+)
+
+
+def patch_07_refusal(platform: Any = None, utils: Any = None) -> str | None:
+    """Why this process cannot serve structured output, or None: the Kunlun platform
+    (device type "cuda") on a vLLM without patch 07. Host emulation masks CPU tensors
+    with xgrammar's CPU kernel, so it needs no patch."""
+    if platform is None:
+        from vllm.platforms import current_platform as platform
+    if not getattr(platform, "is_vllm_kunlun_platform", False):
+        return None
+    if getattr(platform, "device_type", "") != "cuda":
+        return None
+    if utils is None:
+        import vllm.v1.structured_output.utils as utils
+    return None if hasattr(utils, PATCH_07_FUNCTION) else PATCH_07_MISSING
+
+
 def _check(module: ModuleType, original: Any) -> str | None:
     return expect_params(original, ATTR, ("sampling_params",))
 
@@ -54,6 +82,10 @@ def _check(module: ModuleType, original: Any) -> str | None:
 def _make(original: Any) -> Any:
     @functools.wraps(original)
     def validate_xgrammar_grammar(sampling_params: Any) -> None:
+        if getattr(sampling_params, "structured_outputs", None) is not None:
+            refusal = patch_07_refusal()
+            if refusal is not None:
+                raise ValueError(refusal)
         try:
             original(sampling_params)
         except ValueError as exc:

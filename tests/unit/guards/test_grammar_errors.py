@@ -56,3 +56,30 @@ def test_good_constraints_pass(installed: object) -> None:
 def test_cause_text_drops_the_log_prefix() -> None:
     raw = "[03:48:23] /project/cpp/ebnf_parser.cc:52: Rule x is not defined\n"
     assert grammar_errors.cause_text(ValueError(raw)) == "Rule x is not defined"
+
+
+class _Platform:
+    is_vllm_kunlun_platform = True
+
+    def __init__(self, device_type: str) -> None:
+        self.device_type = device_type
+
+
+def test_kunlun_without_patch_07_is_refused_with_the_fix() -> None:
+    import vllm.v1.structured_output.utils as unpatched  # the shared venv: no patch
+
+    assert not hasattr(unpatched, grammar_errors.PATCH_07_FUNCTION)
+    refusal = grammar_errors.patch_07_refusal(_Platform("cuda"), unpatched)
+    assert refusal is not None and "vllm-kunlun patch apply" in refusal
+
+
+def test_patch_07_or_emulation_or_another_platform_serve() -> None:
+    class Patched:
+        _apply_token_bitmask_torch_native = staticmethod(lambda *a: None)
+
+    import vllm.v1.structured_output.utils as unpatched
+
+    assert grammar_errors.patch_07_refusal(_Platform("cuda"), Patched()) is None
+    assert grammar_errors.patch_07_refusal(_Platform("cpu"), unpatched) is None
+    other = type("Other", (), {"device_type": "cuda"})()
+    assert grammar_errors.patch_07_refusal(other, unpatched) is None
