@@ -383,3 +383,36 @@ def test_structured_output_with_prefix_caching(
         for choice in answer.choices:
             valid(choice.text, RECORD)
     assert hits() > before
+
+
+@pytest.fixture(scope="module")
+def hybrid_server(
+    site: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[ServerProcess]:
+    """The tiny Qwen3.5 hybrid (Gated DeltaNet + attention) with the same tokenizer,
+    served the same way (no tool or reasoning parser: they are the Qwen3 server's)."""
+    out = str(tmp_path_factory.mktemp("hybrid") / "tiny-qwen3_5-bpe")
+    cli("tiny-model", out, "--arch", "qwen3_5", "--tokenizer", "bpe")
+    env = child_env({"VLLM_KUNLUN_HOST_EMULATION": "1", "VLLM_LOGGING_LEVEL": "INFO"})
+    env["PYTHONPATH"] = f"{site}:{env['PYTHONPATH']}"
+    args = [*SERVE_ARGS[:6], *SERVE_ARGS[-2:]]
+    srv = start_server(out, args, env, log_dir=tmp_path_factory.mktemp("hlog"))
+    try:
+        yield srv
+    finally:
+        srv.stop(timeout=10)
+
+
+def test_hybrid_model_constrained_answers(hybrid_server: ServerProcess) -> None:
+    client = openai.OpenAI(
+        base_url=f"{hybrid_server.url}/v1",
+        api_key="unused",
+        timeout=TIMEOUT,
+        max_retries=0,
+    )
+    for choice in complete(client, {"json": RECORD}):
+        assert choice.finish_reason == "stop"
+        valid(choice.text, RECORD)
+    regex = r"[a-z]{2,6}-[0-9]{1,3}"
+    for choice in complete(client, {"regex": regex}):
+        assert re.fullmatch(regex, choice.text), choice.text
