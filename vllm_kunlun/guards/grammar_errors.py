@@ -65,13 +65,17 @@ def patch_07_refusal(platform: Any = None, utils: Any = None) -> str | None:
     (device type "cuda") on a vLLM without patch 07. Host emulation masks CPU tensors
     with xgrammar's CPU kernel, so it needs no patch."""
     if platform is None:
-        from vllm.platforms import current_platform as platform
+        import vllm.platforms
+
+        platform = vllm.platforms.current_platform
     if not getattr(platform, "is_vllm_kunlun_platform", False):
         return None
     if getattr(platform, "device_type", "") != "cuda":
         return None
     if utils is None:
-        import vllm.v1.structured_output.utils as utils
+        import vllm.v1.structured_output.utils
+
+        utils = vllm.v1.structured_output.utils
     return None if hasattr(utils, PATCH_07_FUNCTION) else PATCH_07_MISSING
 
 
