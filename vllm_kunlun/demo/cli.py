@@ -111,6 +111,14 @@ def add_parser(sub: Any) -> None:
         "model and head trained for seconds on the CPU on a small synthetic language "
         "(so MTP speculative decoding accepts drafts)",
     )
+    t.add_argument(
+        "--tokenizer",
+        choices=("words", "bpe"),
+        default="words",
+        help="words: the word-level tokenizer (default); bpe: a byte-level BPE that "
+        "spells any text (JSON, tool calls, <think>) with a Qwen3-style chat template "
+        "(structured output, tools, reasoning); not with --quant or --mtp",
+    )
     t.set_defaults(func=run_tiny_model_command)
 
 
@@ -124,6 +132,12 @@ def run_tiny_model_command(args: argparse.Namespace) -> int:
     mtp = bool(getattr(args, "mtp", False))
     if mtp and args.arch != "qwen3_5":
         return _tiny_model_refused("--mtp applies to --arch qwen3_5 (the composite)")
+
+    bpe = getattr(args, "tokenizer", "words") == "bpe"
+    if bpe and (quant or mtp):
+        return _tiny_model_refused(
+            "--tokenizer bpe does not combine with --quant or --mtp"
+        )
 
     from vllm_kunlun.demo.tiny_model import OutputDirError, checksum, prepare_output_dir
 
@@ -166,19 +180,30 @@ def run_tiny_model_command(args: argparse.Namespace) -> int:
             floats = "vision tower, MTP head, " + ("routers, " if moe else "")
             what += f" W8A8-INT8 (compressed-tensors, dynamic; {floats}lm_head float)"
         else:
-            out = write_tiny_model(args.directory, spec)
+            out = write_tiny_model(args.directory, _with_tokenizer(spec, bpe))
     elif quant == "w8a8":
         from vllm_kunlun.demo.tiny_quant import write_tiny_w8a8
 
         out = write_tiny_w8a8(args.directory)
         what = "tiny Qwen3 W8A8-INT8 (compressed-tensors, dynamic)"
     else:
-        from vllm_kunlun.demo.tiny_model import write_tiny_model
+        from vllm_kunlun.demo.tiny_model import TinyQwen3Spec, write_tiny_model
 
-        out = write_tiny_model(args.directory)
+        out = write_tiny_model(args.directory, _with_tokenizer(TinyQwen3Spec(), bpe))
         what = "tiny Qwen3"
+    if bpe:
+        what += " with the byte-level BPE tokenizer"
     print(f"{what} written to {out} (sha256 {checksum(out)[:16]})")
     return 0
+
+
+def _with_tokenizer(spec: Any, bpe: bool) -> Any:
+    """``spec`` as is, or with the byte-level BPE tokenizer (``--tokenizer bpe``)."""
+    if not bpe:
+        return spec
+    from vllm_kunlun.demo.tiny_bpe import BpeTokenizerSpec
+
+    return BpeTokenizerSpec(spec)
 
 
 def _tiny_model_refused(why: str) -> int:

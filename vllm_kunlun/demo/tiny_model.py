@@ -324,15 +324,21 @@ def write_tiny_model(
     # vision tokens), its own chat template and more files (processor configs).
     added = tuple(getattr(spec, "added_tokens", ()))
     vocab = vocabulary(getattr(spec, "vocab_size", None)) + list(added)
+    # A spec with its own tokenizer (tiny_bpe.BpeTokenizerSpec) writes it itself.
+    own_tokenizer = getattr(spec, "write_tokenizer", None)
+    size = getattr(spec, "tokenizer_vocab_size", None) or len(vocab)
 
-    _write_atomic(out / "config.json", _dump(spec.config(len(vocab))))
+    _write_atomic(out / "config.json", _dump(spec.config(size)))
     _write_atomic(
         out / "model.safetensors",
-        save(spec.weights(len(vocab)), metadata={"format": "pt"}),
+        save(spec.weights(size), metadata={"format": "pt"}),
     )
-    write_tokenizer_files(
-        out, vocab, added, getattr(spec, "chat_template", CHAT_TEMPLATE)
-    )
+    if own_tokenizer is not None:
+        own_tokenizer(out, _write_atomic)
+    else:
+        write_tokenizer_files(
+            out, vocab, added, getattr(spec, "chat_template", CHAT_TEMPLATE)
+        )
     for name, data in getattr(spec, "extra_files", dict)().items():
         _write_atomic(out / name, _dump(data))
     _write_atomic(out / MARKER, _dump(spec.marker()))

@@ -407,6 +407,26 @@ REGISTRY: tuple[RuntimePatch, ...] = (
         "vLLM bounds the size of a media download",
     ),
     RuntimePatch(
+        "grammar_error_cause",
+        "vllm_kunlun.guards.grammar_errors",
+        ("vllm.v1.engine.input_processor.validate_xgrammar_grammar",),
+        "a bad EBNF grammar or a schema that is not JSON is a 400 saying only "
+        "'Invalid grammar specification.' (xgrammar's reason is dropped)",
+        _FRONT,
+        "vLLM's messages carry xgrammar's reason",
+    ),
+    RuntimePatch(
+        "strict_json_strings",
+        "vllm_kunlun.ops.structured.json_strings",
+        ("vllm.v1.structured_output.backend_xgrammar.XgrammarBackend.compile_grammar",),
+        "xgrammar 0.1.29 lets raw control characters (and, through a pattern's '.', "
+        "quotes and backslashes) into length-bounded JSON strings, and bounded "
+        "integers out of their range (maximum 120 lets 121-129 through): json_schema "
+        "answers that strict JSON parsers reject or that fail their schema",
+        (Phase.FRONT_END, Phase.MODEL_PROCESS),
+        "the pinned xgrammar's string rules exclude control characters",
+    ),
+    RuntimePatch(
         "serve_shutdown_bound",
         "vllm_kunlun.guards.shutdown",
         ("vllm.entrypoints.openai.api_server.serve_http",),
