@@ -51,20 +51,21 @@ def add_parser(sub: Any) -> None:
         help="num_speculative_tokens of --speculative-config (MTP): the budget counts "
         "the extra GDN state blocks, draft KV and sampler rows (default 0: none)",
     )
-    p.add_argument(
-        "--mamba-cache-dtype",
-        choices=("auto", "float32", "bfloat16", "float16"),
-        default="auto",
-        help="as vLLM's flag: dtype of the linear-attention conv state (auto: model "
-        "dtype)",
-    )
-    p.add_argument(
-        "--mamba-ssm-cache-dtype",
-        choices=("auto", "float32", "bfloat16", "float16"),
-        default="auto",
-        help="as vLLM's flag: dtype of the linear-attention recurrent state (auto: "
-        "the checkpoint's mamba_ssm_dtype, else the conv state's)",
-    )
+    for flag, state, auto in (
+        ("--mamba-cache-dtype", "conv", "the model dtype"),
+        (
+            "--mamba-ssm-cache-dtype",
+            "recurrent",
+            "the checkpoint's mamba_ssm_dtype, else the conv state's",
+        ),
+    ):
+        p.add_argument(
+            flag,
+            choices=("auto", "float32", "bfloat16", "float16"),
+            default="auto",
+            help=f"as vLLM's flag: dtype of the linear-attention {state} state "
+            f"(auto: {auto})",
+        )
     p.add_argument(
         "--device-memory-gib",
         type=positive_float(MAX_GIB),

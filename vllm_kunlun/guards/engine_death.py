@@ -30,11 +30,9 @@ from typing import Any
 
 from vllm_kunlun.patching.attribute import (
     AttributePatch,
-    apply_group_or_warn,
+    OptionalPatch,
     expect_call,
     expect_params,
-    group_applied,
-    revert_group,
 )
 
 NAME = "sync_client_engine_death"
@@ -124,19 +122,6 @@ _PATCHES = (
 )
 
 
-def install() -> bool:
-    """Both waits or neither; True when this call installed them."""
-    return apply_group_or_warn(
-        _PATCHES, "an LLM whose engine core dies may wait for ever"
-    )
-
-
-RUNTIME_PATCHES = {NAME: lambda phase: install()}  # phases.apply_phase's hook
-
-
-def installed() -> bool:
-    return group_applied(_PATCHES)
-
-
-def uninstall() -> None:
-    revert_group(_PATCHES)
+GUARD = OptionalPatch(NAME, _PATCHES, "an LLM whose engine core dies may wait for ever")
+install, installed, uninstall = GUARD.install, GUARD.installed, GUARD.uninstall
+RUNTIME_PATCHES = GUARD.hooks()

@@ -18,17 +18,18 @@ Removal: when vLLM's routes answer errors with their status.
 
 from __future__ import annotations
 
-import functools
 import json
-import sys
 from collections.abc import Awaitable, Callable, MutableMapping
-from types import ModuleType
 from typing import Any
 
-from vllm_kunlun.patching.attribute import AttributePatch, expect_params
+from vllm_kunlun.guards.app_middleware import (
+    API_SERVER,
+    build_app_adding,
+    check_build_app,
+)
+from vllm_kunlun.patching.attribute import AttributePatch, OptionalPatch
 
 NAME = "openai_error_status"
-API_SERVER = "vllm.entrypoints.openai.api_server"
 # An error body is small; a larger 200 answer is a result, not an error.
 _MAX_ERROR_BODY = 1 << 16
 
@@ -93,41 +94,12 @@ class ErrorStatus:
         await self.app(scope, receive, send_checked)
 
 
-def _check_build_app(module: ModuleType, original: Any) -> str | None:
-    return expect_params(original, "api_server.build_app", ("args",))
-
-
-def _make_build_app(original: Any) -> Any:
-    @functools.wraps(original)
-    def build_app(args: Any) -> Any:
-        app = original(args)
-        from starlette.middleware import Middleware
-
-        app.user_middleware.append(Middleware(ErrorStatus))
-        if app.middleware_stack is not None:
-            # Built already by vLLM's SageMaker bootstrap: build it again with ours.
-            app.middleware_stack = app.build_middleware_stack()
-        return app
-
-    return build_app
-
-
-PATCH = AttributePatch(NAME, API_SERVER, "build_app", _make_build_app, _check_build_app)
-
-
-def install() -> bool:
-    """Only where vLLM's API server is imported; True when this call installed it."""
-    if API_SERVER not in sys.modules:
-        return False
-    return PATCH.apply_or_warn("error answers keep vLLM's status 200")
-
-
-RUNTIME_PATCHES = {NAME: lambda phase: install()}  # phases.apply_phase's hook
-
-
-def installed() -> bool:
-    return PATCH.applied()
-
-
-def uninstall() -> None:
-    PATCH.revert()
+PATCH = AttributePatch(
+    NAME, API_SERVER, "build_app", build_app_adding(ErrorStatus), check_build_app
+)
+# Only where vLLM's API server is imported (``vllm serve``).
+GUARD = OptionalPatch(
+    NAME, (PATCH,), "error answers keep vLLM's status 200", only_where=API_SERVER
+)
+install, installed, uninstall = GUARD.install, GUARD.installed, GUARD.uninstall
+RUNTIME_PATCHES = GUARD.hooks()

@@ -38,13 +38,7 @@ from typing import Any
 from PIL import Image
 
 from vllm_kunlun import envs
-from vllm_kunlun.patching.attribute import (
-    AttributePatch,
-    apply_group_or_warn,
-    expect_params,
-    group_applied,
-    revert_group,
-)
+from vllm_kunlun.patching.attribute import AttributePatch, OptionalPatch, expect_params
 
 NAME = "image_decode_check"
 MODULE = "vllm.multimodal.media.image"
@@ -112,19 +106,9 @@ _PATCHES = tuple(
 )
 
 
-def install() -> bool:
-    """Both wrappers or neither; True when this call installed them. A vLLM whose
-    image loader differs keeps its own behaviour, with a warning."""
-    return apply_group_or_warn(_PATCHES, "an undecodable image is left to vLLM (a 500)")
-
-
-def installed() -> bool:
-    return group_applied(_PATCHES)
-
-
-def uninstall() -> None:
-    """Put vLLM's original methods back."""
-    revert_group(_PATCHES)
+# Both wrappers or neither; a vLLM whose image loader differs keeps its own behaviour.
+DECODE = OptionalPatch(NAME, _PATCHES, "an undecodable image is left to vLLM (a 500)")
+install, installed, uninstall = DECODE.install, DECODE.installed, DECODE.uninstall
 
 
 FETCH_NAME = "media_fetch_limit"
@@ -164,10 +148,21 @@ def _too_large(url: str, size: str) -> MediaTooLargeError:
     )
 
 
-def _check_declared(url: str, headers: Any, limit: int) -> None:
-    declared = headers.get("Content-Length") if headers is not None else None
-    if declared is not None and declared.strip().isdigit() and int(declared) > limit:
-        raise _too_large(url, f"Content-Length {int(declared)} bytes")
+class _Body:
+    """A response body read up to the limit: the declared ``Content-Length`` is
+    checked before the first byte, the running size after every chunk."""
+
+    def __init__(self, url: str, headers: Any) -> None:
+        self.url, self.limit, self.data = url, media_limit_bytes(), bytearray()
+        declared = headers.get("Content-Length") if headers is not None else None
+        size = int(declared) if declared and declared.strip().isdigit() else 0
+        if size > self.limit:
+            raise _too_large(url, f"Content-Length {size} bytes")
+
+    def add(self, chunk: bytes) -> None:
+        self.data += chunk
+        if len(self.data) > self.limit:
+            raise _too_large(self.url, f"over {self.limit} bytes read")
 
 
 def _bounded_get_bytes(original: Any) -> Any:
@@ -181,19 +176,15 @@ def _bounded_get_bytes(original: Any) -> Any:
     ) -> bytes:
         import requests
 
-        limit = media_limit_bytes()
         try:
             with self.get_response(
                 url, stream=True, timeout=timeout, allow_redirects=allow_redirects
             ) as r:
                 r.raise_for_status()
-                _check_declared(url, r.headers, limit)
-                body = bytearray()
+                body = _Body(url, r.headers)
                 for chunk in r.iter_content(_CHUNK):
-                    body += chunk
-                    if len(body) > limit:
-                        raise _too_large(url, f"over {limit} bytes read")
-                return bytes(body)
+                    body.add(chunk)
+                return bytes(body.data)
         except requests.RequestException as exc:
             raise _fetch_failed(url, exc) from None
 
@@ -213,19 +204,15 @@ def _bounded_async_get_bytes(original: Any) -> Any:
 
         import aiohttp
 
-        limit = media_limit_bytes()
         try:
             async with await self.get_async_response(
                 url, timeout=timeout, allow_redirects=allow_redirects
             ) as r:
                 r.raise_for_status()
-                _check_declared(url, r.headers, limit)
-                body = bytearray()
+                body = _Body(url, r.headers)
                 async for chunk in r.content.iter_chunked(_CHUNK):
-                    body += chunk
-                    if len(body) > limit:
-                        raise _too_large(url, f"over {limit} bytes read")
-                return bytes(body)
+                    body.add(chunk)
+                return bytes(body.data)
         except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
             raise _fetch_failed(url, exc) from None
 
@@ -257,22 +244,11 @@ _FETCH_PATCHES = (
 )
 
 
-def install_fetch_limit() -> bool:
-    """Both bounded readers or neither; True when this call installed them."""
-    return apply_group_or_warn(
-        _FETCH_PATCHES, "media URLs are read whole, whatever their size"
-    )
+FETCH = OptionalPatch(
+    FETCH_NAME, _FETCH_PATCHES, "media URLs are read whole, whatever their size"
+)
+install_fetch_limit = FETCH.install
+fetch_limit_installed = FETCH.installed
+uninstall_fetch_limit = FETCH.uninstall
 
-
-def fetch_limit_installed() -> bool:
-    return group_applied(_FETCH_PATCHES)
-
-
-def uninstall_fetch_limit() -> None:
-    revert_group(_FETCH_PATCHES)
-
-
-RUNTIME_PATCHES = {  # phases.apply_phase's hook
-    NAME: lambda phase: install(),
-    FETCH_NAME: lambda phase: install_fetch_limit(),
-}
+RUNTIME_PATCHES = {**DECODE.hooks(), **FETCH.hooks()}

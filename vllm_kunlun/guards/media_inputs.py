@@ -23,13 +23,7 @@ import functools
 from types import ModuleType
 from typing import Any
 
-from vllm_kunlun.patching.attribute import (
-    AttributePatch,
-    apply_group_or_warn,
-    expect_params,
-    group_applied,
-    revert_group,
-)
+from vllm_kunlun.patching.attribute import AttributePatch, OptionalPatch, expect_params
 
 NAME = "media_input_checks"
 VIDEO_FORMATS = "a video file (MP4, WebM, MKV, AVI)"
@@ -130,17 +124,6 @@ _PATCHES = (
 )
 
 
-def install() -> bool:
-    """All three checks or none; True when this call installed them."""
-    return apply_group_or_warn(_PATCHES, "malformed media inputs are left to vLLM")
-
-
-RUNTIME_PATCHES = {NAME: lambda phase: install()}  # phases.apply_phase's hook
-
-
-def installed() -> bool:
-    return group_applied(_PATCHES)
-
-
-def uninstall() -> None:
-    revert_group(_PATCHES)
+GUARD = OptionalPatch(NAME, _PATCHES, "malformed media inputs are left to vLLM")
+install, installed, uninstall = GUARD.install, GUARD.installed, GUARD.uninstall
+RUNTIME_PATCHES = GUARD.hooks()

@@ -30,13 +30,7 @@ from types import ModuleType
 from typing import Any
 
 from vllm_kunlun.checks.model_path import inspect_path, missing_path_message
-from vllm_kunlun.patching.attribute import (
-    AttributePatch,
-    apply_group_or_warn,
-    expect_params,
-    group_applied,
-    revert_group,
-)
+from vllm_kunlun.patching.attribute import AttributePatch, OptionalPatch, expect_params
 
 NAME = "engine_model_path_guard"
 # The upstream signatures the wrappers were written for (vllm 0.15.1).
@@ -114,26 +108,12 @@ _PATCHES = tuple(
 )
 
 
-def install() -> bool:
-    """Install ``engine_model_path_guard`` (both wrappers or neither); True when this
-    call installed it.
-
-    Needs ``vllm.engine.arg_utils`` fully imported: callers are the general plugin
-    (top of ``EngineArgs.__post_init__``) and the platform's ``pre_register_and_update``
-    (``create_engine_config``, CLI parser), all inside arg_utils' own functions.
-    """
-    return apply_group_or_warn(
-        _PATCHES, "a missing local model path will surface as vLLM's own error"
-    )
-
-
-RUNTIME_PATCHES = {NAME: lambda phase: install()}  # phases.apply_phase's hook
-
-
-def installed() -> bool:
-    return group_applied(_PATCHES)
-
-
-def uninstall() -> None:
-    """Put vLLM's original functions back."""
-    revert_group(_PATCHES)
+# Both wrappers or neither. Needs ``vllm.engine.arg_utils`` fully imported: callers
+# are the general plugin (top of ``EngineArgs.__post_init__``) and the platform's
+# ``pre_register_and_update`` (``create_engine_config``, CLI parser), all inside
+# arg_utils' own functions.
+GUARD = OptionalPatch(
+    NAME, _PATCHES, "a missing local model path will surface as vLLM's own error"
+)
+install, installed, uninstall = GUARD.install, GUARD.installed, GUARD.uninstall
+RUNTIME_PATCHES = GUARD.hooks()

@@ -45,6 +45,11 @@ from typing import Any
 from vllm.exceptions import VLLMValidationError
 
 from vllm_kunlun import envs
+from vllm_kunlun.guards.app_middleware import (
+    API_SERVER,
+    build_app_adding,
+    check_build_app,
+)
 from vllm_kunlun.logger import init_logger
 from vllm_kunlun.patching.attribute import AttributePatch, expect_params
 
@@ -52,7 +57,6 @@ logger = init_logger(__name__)
 
 NAME = "engine_request_limits"
 BODY_NAME = "openai_json_object_body"
-API_SERVER = "vllm.entrypoints.openai.api_server"
 _PARAMS = (
     "self",
     "request_id",
@@ -271,29 +275,12 @@ async def _bad_request(send: Send, message: str) -> None:
     await send({"type": "http.response.body", "body": body})
 
 
-def _check_build_app(module: ModuleType, original: Any) -> str | None:
-    return expect_params(original, "api_server.build_app", ("args",))
-
-
-def _make_build_app(original: Any) -> Any:
-    @functools.wraps(original)
-    def build_app(args: Any) -> Any:
-        app = original(args)
-        # Innermost of the user middleware: after vLLM's API key and CORS layers.
-        from starlette.middleware import Middleware
-
-        app.user_middleware.append(Middleware(JsonObjectBody))
-        if app.middleware_stack is not None:
-            # vLLM's build_app ends in the SageMaker bootstrap, which builds the stack
-            # from user_middleware; build it again the same way, with ours in it.
-            app.middleware_stack = app.build_middleware_stack()
-        return app
-
-    return build_app
-
-
 BODY_PATCH = AttributePatch(
-    BODY_NAME, API_SERVER, "build_app", _make_build_app, _check_build_app
+    BODY_NAME,
+    API_SERVER,
+    "build_app",
+    build_app_adding(JsonObjectBody),
+    check_build_app,
 )
 
 

@@ -46,6 +46,7 @@ from vllm_kunlun import envs
 from vllm_kunlun.logger import init_logger
 from vllm_kunlun.patching.attribute import (
     AttributePatch,
+    OptionalPatch,
     expect_call,
     expect_params,
 )
@@ -254,25 +255,12 @@ def _make_bounded(original: Any) -> Any:
 PATCH = AttributePatch(NAME, MODULE, "serve_http", _make_bounded, _check_target)
 
 
-def install() -> bool:
-    """Install the patch in an OpenAI API server process; True when this call did.
-
-    Elsewhere (engine core, workers, ``LLM``) vLLM's server module is not imported and
-    nothing is done: importing it only to patch it would cost seconds per process.
-    """
-    if MODULE not in sys.modules:
-        return False
-    return PATCH.apply_or_warn(
-        "Ctrl-C / SIGTERM may wait for in-flight requests as long as their clients do"
-    )
-
-
-RUNTIME_PATCHES = {NAME: lambda phase: install()}  # phases.apply_phase's hook
-
-
-def installed() -> bool:
-    return PATCH.applied()
-
-
-def uninstall() -> None:
-    PATCH.revert()
+# In an OpenAI API server process only (elsewhere its module is not imported).
+GUARD = OptionalPatch(
+    NAME,
+    (PATCH,),
+    "Ctrl-C / SIGTERM may wait for in-flight requests as long as their clients do",
+    only_where=MODULE,
+)
+install, installed, uninstall = GUARD.install, GUARD.installed, GUARD.uninstall
+RUNTIME_PATCHES = GUARD.hooks()

@@ -28,7 +28,7 @@ from types import ModuleType
 from typing import Any
 
 from vllm_kunlun import envs
-from vllm_kunlun.patching.attribute import AttributePatch, expect_params
+from vllm_kunlun.patching.attribute import AttributePatch, OptionalPatch, expect_params
 
 NAME = "speculative_config_limits"
 _PARAMS = ("self", "target_model_config", "target_parallel_config")
@@ -115,17 +115,6 @@ PATCH = AttributePatch(
 )
 
 
-def install() -> bool:
-    """Install the guard; True when this call installed it."""
-    return PATCH.apply_or_warn("speculative configs are checked by vLLM alone")
-
-
-RUNTIME_PATCHES = {NAME: lambda phase: install()}  # phases.apply_phase's hook
-
-
-def installed() -> bool:
-    return PATCH.applied()
-
-
-def uninstall() -> None:
-    PATCH.revert()
+GUARD = OptionalPatch(NAME, (PATCH,), "speculative configs are checked by vLLM alone")
+install, installed, uninstall = GUARD.install, GUARD.installed, GUARD.uninstall
+RUNTIME_PATCHES = GUARD.hooks()

@@ -25,7 +25,7 @@ from types import ModuleType
 from typing import Any
 
 from vllm_kunlun.logger import init_logger
-from vllm_kunlun.patching.attribute import AttributePatch, expect_params
+from vllm_kunlun.patching.attribute import AttributePatch, OptionalPatch, expect_params
 
 logger = init_logger(__name__)
 
@@ -91,20 +91,9 @@ PATCH = AttributePatch(
 )
 
 
-def install() -> bool:
-    """Install the guard; True when this call installed it. A vLLM whose method differs
-    keeps its own check, with a warning."""
-    return PATCH.apply_or_warn(
-        "out-of-vocabulary prompt token ids are checked by vLLM alone"
-    )
-
-
-RUNTIME_PATCHES = {NAME: lambda phase: install()}  # phases.apply_phase's hook
-
-
-def installed() -> bool:
-    return PATCH.applied()
-
-
-def uninstall() -> None:
-    PATCH.revert()
+# A vLLM whose method differs keeps its own check, with a warning.
+GUARD = OptionalPatch(
+    NAME, (PATCH,), "out-of-vocabulary prompt token ids are checked by vLLM alone"
+)
+install, installed, uninstall = GUARD.install, GUARD.installed, GUARD.uninstall
+RUNTIME_PATCHES = GUARD.hooks()

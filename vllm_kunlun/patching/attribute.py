@@ -226,6 +226,43 @@ class PatchGroups:
         return [name for name, ps in self.groups.items() if group_applied(ps)]
 
 
+class OptionalPatch:
+    """One registry entry vLLM can run without (a guard, a bounded wait): its patches
+    go in together or not at all, and a mismatch is a warning naming what is lost
+    (``apply_group_or_warn``). ``only_where`` names a module that must already be
+    imported for the entry to apply (the API server's: importing it only to patch it
+    would cost seconds in every engine and worker process). A module binds its
+    ``install`` / ``installed`` / ``uninstall`` and ``RUNTIME_PATCHES`` from here."""
+
+    def __init__(
+        self,
+        name: str,
+        patches: tuple[AttributePatch, ...],
+        without: str,
+        only_where: str | None = None,
+    ) -> None:
+        self.name = name
+        self.patches = patches
+        self.without = without
+        self.only_where = only_where
+
+    def install(self) -> bool:
+        """True when this call installed the entry."""
+        if self.only_where is not None and self.only_where not in sys.modules:
+            return False
+        return apply_group_or_warn(self.patches, self.without)
+
+    def installed(self) -> bool:
+        return group_applied(self.patches)
+
+    def uninstall(self) -> None:
+        revert_group(self.patches)
+
+    def hooks(self) -> dict[str, Callable[[Any], bool]]:
+        """``phases.apply_phase``'s hook (patching/phases.py)."""
+        return {self.name: lambda phase: self.install()}
+
+
 class PatchMismatch(RuntimeError):
     """The upstream object differs from what a patch was written for."""
 

@@ -186,7 +186,7 @@ def test_the_targets_match_vllm_0_15_1() -> None:
 
     assert rl.PATCH.mismatch() is None
     assert rl.BODY_PATCH.mismatch() is None
-    assert rl._check_build_app(api_server, api_server.build_app) is None
+    assert rl.check_build_app(api_server, api_server.build_app) is None
 
 
 # ---- the body must be a JSON object ----------------------------------------------------

@@ -11,6 +11,7 @@ Removal: when vLLM dispatches these ops to Kunlun kernels itself.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -20,7 +21,21 @@ from vllm_kunlun.ops.custom_ops import norms_vendor as norms
 from vllm_kunlun.ops.routes import Kernels, Route
 
 
-class KunlunRMSNorm(RMSNorm):
+class _ResidualNormRoute:
+    """``forward_oot`` of the (x, residual) norms: the vendor kernel through the
+    class's route, vLLM's ``forward_native`` where the route falls back."""
+
+    kunlun_route: Route
+    _vendor: Callable[..., torch.Tensor | tuple[torch.Tensor, torch.Tensor]]
+    forward_native: Callable[..., torch.Tensor | tuple[torch.Tensor, torch.Tensor]]
+
+    def forward_oot(
+        self, x: torch.Tensor, residual: torch.Tensor | None = None
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        return self.kunlun_route.run(self._vendor, self.forward_native, x, residual)
+
+
+class KunlunRMSNorm(_ResidualNormRoute, RMSNorm):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.kunlun_route = Route("rms_norm", ("rmsnorm", "add_rmsnorm"))
@@ -37,13 +52,8 @@ class KunlunRMSNorm(RMSNorm):
             self.variance_size_override,
         )
 
-    def forward_oot(
-        self, x: torch.Tensor, residual: torch.Tensor | None = None
-    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-        return self.kunlun_route.run(self._vendor, self.forward_native, x, residual)
 
-
-class KunlunGemmaRMSNorm(GemmaRMSNorm):
+class KunlunGemmaRMSNorm(_ResidualNormRoute, GemmaRMSNorm):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.kunlun_route = Route(
@@ -56,11 +66,6 @@ class KunlunGemmaRMSNorm(GemmaRMSNorm):
         return norms.gemma_rms_norm(
             k, x, residual, self.weight.data, self.variance_epsilon
         )
-
-    def forward_oot(
-        self, x: torch.Tensor, residual: torch.Tensor | None = None
-    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-        return self.kunlun_route.run(self._vendor, self.forward_native, x, residual)
 
 
 class KunlunRMSNormGated(RMSNormGated):

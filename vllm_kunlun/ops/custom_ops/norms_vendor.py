@@ -16,6 +16,8 @@ Removal: never; this is the vendor seam for these ops.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 from vllm_kunlun.ops.routes import FLOAT_DTYPES, Kernels, Refused
@@ -44,6 +46,29 @@ def _check(x: torch.Tensor, weight: torch.Tensor, *others: torch.Tensor | None) 
             )
 
 
+def _norm_rows(
+    x: torch.Tensor,
+    residual: torch.Tensor | None,
+    weight: torch.Tensor,
+    norm: Callable[[torch.Tensor, torch.Tensor], object],
+    add_norm: Callable[
+        [torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], object
+    ],
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """The frame of the (fused add +) norm kernels: ``norm(x2, out)`` over the rows of
+    ``x``, or with the residual ``add_norm(x2, residual2, out, residual_out)``; returns
+    what vLLM's forward returns, in ``x``'s shape."""
+    _check(x, weight, residual)
+    x2 = _rows(x)
+    out = torch.empty_like(x2)
+    if residual is None:
+        norm(x2, out)
+        return out.view(x.shape)
+    res_out = torch.empty_like(x2)
+    add_norm(x2, _rows(residual), out, res_out)
+    return out.view(x.shape), res_out.view(x.shape)
+
+
 def rms_norm(
     k: Kernels,
     x: torch.Tensor,
@@ -61,17 +86,15 @@ def rms_norm(
     """
     if variance_size_override is not None:
         raise Refused("var_hidden_size (variance over part of the row) is no argument")
-    _check(x, weight, residual)
-    x2 = _rows(x)
-    out = torch.empty_like(x2)
-    if residual is None:
-        k["rmsnorm"](x2, weight, out, eps)
-        return out.view(x.shape)
-    res_out = torch.empty_like(x2)
-    k["add_rmsnorm"](
-        x2, _rows(residual), residual_output=res_out, weight=weight, eps=eps, output=out
+    return _norm_rows(
+        x,
+        residual,
+        weight,
+        lambda x2, out: k["rmsnorm"](x2, weight, out, eps),
+        lambda x2, r2, out, res_out: k["add_rmsnorm"](
+            x2, r2, residual_output=res_out, weight=weight, eps=eps, output=out
+        ),
     )
-    return out.view(x.shape), res_out.view(x.shape)
 
 
 def gemma_rms_norm(
@@ -89,23 +112,23 @@ def gemma_rms_norm(
     ``gemma_add_rmsnorm(x, y, weight=, output=, eps=, residual_output=,
     store_output_before_norm=True)`` storing ``x + y`` in ``residual_output``.
     """
-    _check(x, weight, residual)
-    x2 = _rows(x)
-    out = torch.empty_like(x2)
-    if residual is None:
-        k["gemma_rmsnorm"](x2, weight, out, eps, False, False, None, False)
-        return out.view(x.shape)
-    res_out = torch.empty_like(x2)
-    k["gemma_add_rmsnorm"](
-        x2,
-        _rows(residual),
-        weight=weight,
-        output=out,
-        eps=eps,
-        residual_output=res_out,
-        store_output_before_norm=True,
+    return _norm_rows(
+        x,
+        residual,
+        weight,
+        lambda x2, out: k["gemma_rmsnorm"](
+            x2, weight, out, eps, False, False, None, False
+        ),
+        lambda x2, r2, out, res_out: k["gemma_add_rmsnorm"](
+            x2,
+            r2,
+            weight=weight,
+            output=out,
+            eps=eps,
+            residual_output=res_out,
+            store_output_before_norm=True,
+        ),
     )
-    return out.view(x.shape), res_out.view(x.shape)
 
 
 def rms_norm_gated(

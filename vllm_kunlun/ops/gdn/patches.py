@@ -54,6 +54,8 @@ MAMBA_UTILS = "vllm.v1.worker.mamba_utils"
 
 # ---- kunlun_gdn_kernels -------------------------------------------------------------------
 
+# The leading parameters both gated delta rule kernels take.
+_DELTA_RULE_HEAD = ("q", "k", "v", "g", "beta", "scale", "initial_state")
 # vLLM 0.15.1's signatures of the five kernels (the seam maps each call onto them).
 _KERNEL_PARAMS = {
     "fused_gdn_gating": ("A_log", "a", "b", "dt_bias", "beta", "threshold"),
@@ -91,26 +93,14 @@ _KERNEL_PARAMS = {
         "validate_data",
     ),
     "chunk_gated_delta_rule": (
-        "q",
-        "k",
-        "v",
-        "g",
-        "beta",
-        "scale",
-        "initial_state",
+        *_DELTA_RULE_HEAD,
         "output_final_state",
         "cu_seqlens",
         "head_first",
         "use_qk_l2norm_in_kernel",
     ),
     "fused_recurrent_gated_delta_rule": (
-        "q",
-        "k",
-        "v",
-        "g",
-        "beta",
-        "scale",
-        "initial_state",
+        *_DELTA_RULE_HEAD,
         "inplace_final_state",
         "cu_seqlens",
         "ssm_state_indices",

@@ -22,17 +22,10 @@ from __future__ import annotations
 from typing import Any
 
 STATE_DTYPES = ("float32", "bfloat16", "float16")
-_ALIASES = {
-    "float": "float32",
-    "half": "float16",
-    "bf16": "bfloat16",
-    "fp32": "float32",
-}
 
 
 def _name(dtype: Any) -> str:
-    text = str(dtype).removeprefix("torch.")
-    return _ALIASES.get(text, text)
+    return str(dtype).removeprefix("torch.")
 
 
 def checkpoint_ssm_dtype(config: Any) -> str | None:

@@ -29,7 +29,7 @@ from typing import Any
 
 import torch
 
-from vllm_kunlun.patching.attribute import AttributePatch, expect_params
+from vllm_kunlun.patching.attribute import AttributePatch, OptionalPatch, expect_params
 
 NAME = "rejection_allowed_token_ids"
 _PARAMS = ("self", "logits", "sampling_metadata", "metadata")
@@ -73,19 +73,10 @@ PATCH = AttributePatch(
 )
 
 
-def install() -> bool:
-    """Install the fix; True when this call installed it."""
-    return PATCH.apply_or_warn(
-        "allowed_token_ids with speculative decoding kills the engine (vLLM 0.15.1)"
-    )
-
-
-RUNTIME_PATCHES = {NAME: lambda phase: install()}  # phases.apply_phase's hook
-
-
-def installed() -> bool:
-    return PATCH.applied()
-
-
-def uninstall() -> None:
-    PATCH.revert()
+FIX = OptionalPatch(
+    NAME,
+    (PATCH,),
+    "allowed_token_ids with speculative decoding kills the engine (vLLM 0.15.1)",
+)
+install, installed, uninstall = FIX.install, FIX.installed, FIX.uninstall
+RUNTIME_PATCHES = FIX.hooks()
