@@ -26,7 +26,7 @@ import re
 from types import ModuleType
 from typing import Any
 
-from vllm_kunlun.patching.attribute import AttributePatch, expect_params
+from vllm_kunlun.patching.attribute import AttributePatch, OptionalPatch, expect_params
 
 NAME = "grammar_error_cause"
 MODULE = "vllm.v1.engine.input_processor"
@@ -104,14 +104,7 @@ def _make(original: Any) -> Any:
 PATCH = AttributePatch(NAME, MODULE, ATTR, _make, _check)
 
 
-def install() -> bool:
-    """True when this call installed the patch; a vLLM that differs keeps its own
-    messages, with a warning."""
-    return PATCH.apply_or_warn("a bad grammar's 400 may not name the problem")
-
-
-RUNTIME_PATCHES = {NAME: lambda phase: install()}  # phases.apply_phase's hook
-
-
-def uninstall() -> None:
-    PATCH.revert()
+# A vLLM that differs keeps its own messages, with a warning.
+GUARD = OptionalPatch(NAME, (PATCH,), "a bad grammar's 400 may not name the problem")
+install, installed, uninstall = GUARD.install, GUARD.installed, GUARD.uninstall
+RUNTIME_PATCHES = GUARD.hooks()

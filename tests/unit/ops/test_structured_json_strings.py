@@ -150,14 +150,19 @@ def test_the_patch_compiles_schemas_through_vllms_grammar_path() -> None:
         grammar = compile_grammar(Backend(), Options.JSON, schema)  # type: ignore[operator]
         return bool(grammar.matcher.accept_string(text))
 
+    # vLLM's own method, whatever an earlier test in this process installed.
+    was = json_strings.installed()
+    json_strings.uninstall()
     original = XgrammarBackend.compile_grammar
-    assert accepts(original, bad) and accepts(original, good)
-    assert json_strings.install()
     try:
+        assert accepts(original, bad) and accepts(original, good)
+        assert json_strings.install()
         patched = XgrammarBackend.compile_grammar
         assert patched is not original
         assert not accepts(patched, bad)
         assert accepts(patched, good)
-    finally:
         json_strings.uninstall()
-    assert XgrammarBackend.compile_grammar is original
+        assert XgrammarBackend.compile_grammar is original
+    finally:
+        if was:
+            json_strings.install()

@@ -40,7 +40,7 @@ import math
 from types import ModuleType
 from typing import Any
 
-from vllm_kunlun.patching.attribute import AttributePatch, expect_params
+from vllm_kunlun.patching.attribute import AttributePatch, OptionalPatch, expect_params
 
 NAME = "strict_json_strings"
 MODULE = "vllm.v1.structured_output.backend_xgrammar"
@@ -321,16 +321,11 @@ def _make(original: Any) -> Any:
 PATCH = AttributePatch(NAME, MODULE, ATTR, _make, _check)
 
 
-def install() -> bool:
-    """True when this call installed the patch; a vLLM whose backend differs keeps
-    its own grammar, with a warning."""
-    return PATCH.apply_or_warn(
-        "JSON-schema answers may hold raw control characters in length-bounded strings"
-    )
-
-
-RUNTIME_PATCHES = {NAME: lambda phase: install()}  # phases.apply_phase's hook
-
-
-def uninstall() -> None:
-    PATCH.revert()
+# A vLLM whose backend differs keeps its own grammar, with a warning.
+FIX = OptionalPatch(
+    NAME,
+    (PATCH,),
+    "JSON-schema answers may hold raw control characters in length-bounded strings",
+)
+install, installed, uninstall = FIX.install, FIX.installed, FIX.uninstall
+RUNTIME_PATCHES = FIX.hooks()
