@@ -7,6 +7,7 @@ load with vLLM's error and the engine keeps serving the same tokens."""
 from __future__ import annotations
 
 import json
+import re
 import sys
 from pathlib import Path
 from typing import Any
@@ -71,6 +72,9 @@ def lora_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
             tmp / "unknown", model, rank=8, alpha=8, targets=("visual_proj",)
         ),
         "missing_file": tmp / "does-not-exist",
+        "wrong_shape": write_adapter(
+            tmp / "wide", model, rank=8, alpha=8, seed=4, in_features_delta=8
+        ),
     }
     spec = {
         "model": str(model),
@@ -123,6 +127,13 @@ def test_bad_adapters_are_refused_at_load_naming_the_cause(
     assert bad["unknown_module"] is not None and "visual_proj" in bad["unknown_module"]
     assert bad["missing_file"] is not None
     assert "does-not-exist" in bad["missing_file"]
+    # vLLM does not check shapes; the plugin's lora_adapter_shapes patch does.
+    assert bad["wrong_shape"] is not None
+    assert "does not fit this model" in bad["wrong_shape"], bad["wrong_shape"]
+    found = re.search(
+        r"takes (\d+) inputs .* lora_A is \[8, (\d+)\]", bad["wrong_shape"]
+    )
+    assert found and int(found[2]) == int(found[1]) + 8, bad["wrong_shape"]
 
 
 def test_the_engine_keeps_serving_after_the_refusals(lora_run: dict[str, Any]) -> None:
