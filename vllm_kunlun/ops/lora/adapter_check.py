@@ -56,8 +56,10 @@ def expected_shapes(manager: Any) -> dict[str, tuple[int, int]]:
                 out.update(
                     {sub: (in_size, n) for sub, n in zip(subs, sizes, strict=True)}
                 )
-        elif getattr(base, "output_size", None) is not None:
-            out[name] = (int(in_size), int(base.output_size))
+        else:
+            out_size = getattr(base, "output_size", None)
+            if out_size is not None:
+                out[name] = (int(in_size), int(out_size))
     return out
 
 
