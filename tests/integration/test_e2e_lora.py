@@ -19,7 +19,9 @@ from tests.integration.lora_adapters import write_adapter
 from vllm_kunlun.demo.tiny_model import TinyQwen3Spec, vocabulary, write_tiny_model
 
 RUNNER = Path(__file__).with_name("lora_runner.py")
+# TP 1: the engine core in the test's child, so its kernel report is readable.
 EMULATION = {"VLLM_KUNLUN_HOST_EMULATION": "1", "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+EMULATION_TP = {"VLLM_KUNLUN_HOST_EMULATION": "1"}
 MAX_TOKENS = 8
 _WORDS = [w for w in vocabulary() if w.isalpha()]
 PROMPTS = [
@@ -36,12 +38,14 @@ REQUESTS = [
 ]
 
 
-def run_lora(spec: dict[str, Any], tmp: Path, timeout: float = 600) -> dict[str, Any]:
+def run_lora(
+    spec: dict[str, Any], tmp: Path, timeout: float = 600, in_process: bool = True
+) -> dict[str, Any]:
     spec_path, out_path = tmp / "spec.json", tmp / "out.json"
     spec_path.write_text(json.dumps(spec))
     proc = run_bounded(
         [sys.executable, str(RUNNER), str(spec_path), str(out_path)],
-        env=child_env(EMULATION),
+        env=child_env(EMULATION if in_process else EMULATION_TP),
         timeout=timeout,
     )
     result = json.loads(out_path.read_text()) if out_path.exists() else {}
@@ -54,18 +58,50 @@ def run_lora(spec: dict[str, Any], tmp: Path, timeout: float = 600) -> dict[str,
 
 
 @pytest.fixture(scope="module")
-def lora_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    tmp = tmp_path_factory.mktemp("lora")
+def adapters(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    tmp = tmp_path_factory.mktemp("lora-files")
     model = write_tiny_model(tmp / "model", TinyQwen3Spec())
-    sql = write_adapter(tmp / "sql", model, rank=8, alpha=16, seed=1)
-    chat = write_adapter(
-        tmp / "chat",
-        model,
-        rank=16,
-        alpha=8,
-        seed=2,
-        targets=("q_proj", "v_proj", "down_proj"),
-    )
+    return {
+        "model": model,
+        "sql": write_adapter(tmp / "sql", model, rank=8, alpha=16, seed=1),
+        "chat": write_adapter(
+            tmp / "chat",
+            model,
+            rank=16,
+            alpha=8,
+            seed=2,
+            targets=("q_proj", "v_proj", "down_proj"),
+        ),
+    }
+
+
+def base_spec(files: dict[str, Path]) -> dict[str, Any]:
+    return {
+        "model": str(files["model"]),
+        "llm": {
+            "dtype": "float32",
+            "max_model_len": 256,
+            "max_num_seqs": 8,
+            "max_loras": 2,
+            "max_lora_rank": 16,
+            "seed": 0,
+        },
+        "adapters": {
+            "sql": {"path": str(files["sql"]), "id": 1},
+            "chat": {"path": str(files["chat"]), "id": 2},
+        },
+        "requests": [{"prompt": p, "adapter": a} for p, a in REQUESTS],
+        "max_tokens": MAX_TOKENS,
+        "hf": True,
+    }
+
+
+@pytest.fixture(scope="module")
+def lora_run(
+    adapters: dict[str, Path], tmp_path_factory: pytest.TempPathFactory
+) -> dict[str, Any]:
+    tmp = tmp_path_factory.mktemp("lora")
+    model = adapters["model"]
     bad = {
         "too_big_rank": write_adapter(tmp / "r32", model, rank=32, alpha=32, seed=3),
         "unknown_module": write_adapter(
@@ -77,28 +113,23 @@ def lora_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         ),
     }
     spec = {
-        "model": str(model),
-        "llm": {
-            "dtype": "float32",
-            "max_model_len": 256,
-            "max_num_seqs": 8,
-            "max_loras": 2,
-            "max_lora_rank": 16,
-            "seed": 0,
-        },
-        "adapters": {
-            "sql": {"path": str(sql), "id": 1},
-            "chat": {"path": str(chat), "id": 2},
-        },
-        "requests": [{"prompt": p, "adapter": a} for p, a in REQUESTS],
-        "max_tokens": MAX_TOKENS,
+        **base_spec(adapters),
         "bad": [
             {"name": name, "path": str(path), "id": 10 + i}
             for i, (name, path) in enumerate(bad.items())
         ],
-        "hf": True,
     }
     return run_lora(spec, tmp)
+
+
+@pytest.fixture(scope="module")
+def lora_tp2(
+    adapters: dict[str, Path], tmp_path_factory: pytest.TempPathFactory
+) -> dict[str, Any]:
+    """The same mixed batch at tensor parallel 2 (column and row parallel LoRA)."""
+    spec = base_spec(adapters)
+    spec["llm"]["tensor_parallel_size"] = 2
+    return run_lora(spec, tmp_path_factory.mktemp("lora-tp2"), in_process=False)
 
 
 def test_each_request_of_a_mixed_batch_matches_transformers_with_its_adapter_merged(
@@ -144,3 +175,9 @@ def test_the_plugins_kernels_served_the_adapters(lora_run: dict[str, Any]) -> No
     served = lora_run["served"]
     assert [entry["path"] for entry in served] == ["portable"], served
     assert served[0]["calls"] > 0
+
+
+def test_tensor_parallel_2_matches_transformers_per_request(
+    lora_tp2: dict[str, Any],
+) -> None:
+    assert lora_tp2["tokens"] == lora_tp2["hf"]
