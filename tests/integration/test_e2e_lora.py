@@ -1,8 +1,9 @@
-"""LoRA through vLLM's engine on the host-emulation platform: one engine (TP 1) serves
-a mixed batch of two hand-written adapters (every ``--max-loras`` slot in use) and the
-base model; each request's greedy tokens equal transformers' on the base weights with
-that request's adapter merged (W + alpha / r * B @ A). Bad adapters are refused at
-load with vLLM's error and the engine keeps serving the same tokens."""
+"""LoRA through vLLM's engine on the host-emulation platform: an engine at TP 1 (on the
+vendor bgmv kernels, faked) and one at TP 2 (on the portable kernel) serve a mixed
+batch of two hand-written adapters (every ``--max-loras`` slot in use) and the base
+model; each request's greedy tokens equal transformers' on the base weights with that
+request's adapter merged (W + alpha / r * B @ A). Bad adapters are refused at load with
+an error naming the cause, and the engine keeps serving the same tokens."""
 
 from __future__ import annotations
 
@@ -19,8 +20,13 @@ from tests.integration.lora_adapters import write_adapter
 from vllm_kunlun.demo.tiny_model import TinyQwen3Spec, vocabulary, write_tiny_model
 
 RUNNER = Path(__file__).with_name("lora_runner.py")
-# TP 1: the engine core in the test's child, so its kernel report is readable.
-EMULATION = {"VLLM_KUNLUN_HOST_EMULATION": "1", "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+# TP 1: the engine core in the test's child, so its kernel report is readable, on the
+# vendor kernels (the fakes in tests/fakes compute their math); TP 2 on the portable.
+EMULATION = {
+    "VLLM_KUNLUN_HOST_EMULATION": "1",
+    "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+    "VLLM_KUNLUN_EMULATION_VENDOR": "1",
+}
 EMULATION_TP = {"VLLM_KUNLUN_HOST_EMULATION": "1"}
 MAX_TOKENS = 8
 _WORDS = [w for w in vocabulary() if w.isalpha()]
@@ -171,10 +177,17 @@ def test_the_engine_keeps_serving_after_the_refusals(lora_run: dict[str, Any]) -
     assert lora_run["again"] == lora_run["tokens"]
 
 
-def test_the_plugins_kernels_served_the_adapters(lora_run: dict[str, Any]) -> None:
+def test_the_vendor_bgmv_kernels_served_the_adapters(lora_run: dict[str, Any]) -> None:
     served = lora_run["served"]
-    assert [entry["path"] for entry in served] == ["portable"], served
+    assert [entry["path"] for entry in served] == ["vendor"], served
     assert served[0]["calls"] > 0
+    assert "bgmv_shrink_cluster" in served[0]["reason"]
+
+
+def test_the_portable_kernel_gives_the_vendor_paths_tokens(
+    lora_run: dict[str, Any], lora_tp2: dict[str, Any]
+) -> None:
+    assert lora_tp2["tokens"] == lora_run["tokens"]
 
 
 def test_tensor_parallel_2_matches_transformers_per_request(
