@@ -10,7 +10,8 @@ through the engine (``add_lora``, what ``/v1/load_lora_adapter`` calls) and its 
 recorded, then the mixed batch runs again. With "hf", transformers generates every
 request greedily on the base weights with that request's adapter merged in
 (``W + alpha / r * B @ A``). Result: {"tokens": [[ids]], "prompt_ids": [[ids]],
-"bad": {name: error | null}, "again": [[ids]], "hf": [[ids]], "served": [...]}.
+"bad": {name: error | null}, "again": [[ids]], "hf": [[ids]], "served": [...],
+"slot_bytes": [bytes of LoRA slots per rank]}.
 """
 
 from __future__ import annotations
@@ -66,6 +67,17 @@ def hf_generate(
     return out
 
 
+def slot_bytes(model: Any) -> int:
+    """Bytes of the LoRA slots vLLM allocated in this worker's model (A and B of every
+    LoRA layer): the oracle for the budget's estimate."""
+    total = 0
+    for module in model.modules():
+        for name in ("lora_a_stacked", "lora_b_stacked"):
+            for t in getattr(module, name, None) or ():
+                total += t.numel() * t.element_size()
+    return total
+
+
 def run(spec: dict[str, Any]) -> dict[str, Any]:
     from vllm import LLM, SamplingParams
     from vllm.lora.request import LoRARequest
@@ -97,6 +109,10 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
         except Exception as exc:  # the refusal is the result
             result["bad"][bad["name"]] = f"{type(exc).__name__}: {exc}"
     result["again"] = [list(o.outputs[0].token_ids) for o in batch()]
+    # By module name: TP workers unpickle it by importing this file (on their path).
+    import lora_runner
+
+    result["slot_bytes"] = llm.apply_model(lora_runner.slot_bytes)
     result["served"] = seam.served()
     if spec.get("hf"):
         paths = {name: a["path"] for name, a in spec["adapters"].items()}

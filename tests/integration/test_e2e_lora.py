@@ -17,6 +17,7 @@ import pytest
 
 from tests.conftest import child_env, run_bounded
 from tests.integration.lora_adapters import write_adapter
+from vllm_kunlun.checks.lora_budget import lora_slot_bytes
 from vllm_kunlun.demo.tiny_model import TinyQwen3Spec, vocabulary, write_tiny_model
 
 RUNNER = Path(__file__).with_name("lora_runner.py")
@@ -27,7 +28,11 @@ EMULATION = {
     "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
     "VLLM_KUNLUN_EMULATION_VENDOR": "1",
 }
-EMULATION_TP = {"VLLM_KUNLUN_HOST_EMULATION": "1"}
+# apply_model sends the runner's slot_bytes to the TP workers by pickle.
+EMULATION_TP = {
+    "VLLM_KUNLUN_HOST_EMULATION": "1",
+    "VLLM_ALLOW_INSECURE_SERIALIZATION": "1",
+}
 MAX_TOKENS = 8
 _WORDS = [w for w in vocabulary() if w.isalpha()]
 PROMPTS = [
@@ -194,3 +199,16 @@ def test_tensor_parallel_2_matches_transformers_per_request(
     lora_tp2: dict[str, Any],
 ) -> None:
     assert lora_tp2["tokens"] == lora_tp2["hf"]
+
+
+@pytest.mark.parametrize("tp", [1, 2])
+def test_the_budget_counts_the_lora_slots_vllm_allocates(
+    tp: int,
+    adapters: dict[str, Path],
+    lora_run: dict[str, Any],
+    lora_tp2: dict[str, Any],
+) -> None:
+    config = json.loads((adapters["model"] / "config.json").read_text())
+    estimate = lora_slot_bytes(config, max_loras=2, max_rank=16, tp=tp, dtype_bytes=4)
+    allocated = (lora_run if tp == 1 else lora_tp2)["slot_bytes"]
+    assert allocated == [estimate] * tp
