@@ -16,8 +16,8 @@ from typing import Any
 import pytest
 
 from tests.conftest import child_env, run_bounded
-from tests.integration.lora_adapters import write_adapter
 from vllm_kunlun.checks.lora_budget import lora_slot_bytes
+from vllm_kunlun.demo.lora_adapters import write_adapter
 from vllm_kunlun.demo.tiny_model import TinyQwen3Spec, vocabulary, write_tiny_model
 
 RUNNER = Path(__file__).with_name("lora_runner.py")

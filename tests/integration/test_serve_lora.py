@@ -19,8 +19,8 @@ from typing import Any
 import pytest
 
 from tests.conftest import child_env
-from tests.integration.lora_adapters import write_adapter
 from tests.integration.lora_runner import hf_generate
+from vllm_kunlun.demo.lora_adapters import write_adapter
 from vllm_kunlun.demo.server_process import ServerProcess, start_server
 from vllm_kunlun.demo.tiny_model import TinyQwen3Spec, write_tiny_model
 

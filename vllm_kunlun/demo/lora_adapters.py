@@ -1,11 +1,15 @@
-"""LoRA adapters written by hand in peft's file layout, for the LoRA tests.
+"""LoRA adapters written by hand in peft's file layout, for tests, demos and benchmarks.
+
+Why: serving LoRA is checked against transformers with the adapter merged, and timed,
+on the tiny checkpoints; peft is not a dependency, and a trained adapter is not needed
+to check the arithmetic. The files are what peft writes:
 
 ``adapter_config.json`` (peft's keys: ``peft_type``, ``r``, ``lora_alpha``,
 ``target_modules``, ...) and ``adapter_model.safetensors`` with peft's tensor names,
 ``base_model.model.<module>.lora_A.weight`` [r, in] and ``.lora_B.weight`` [out, r].
 Shapes come from the base checkpoint's own weights, so the adapters fit any Qwen3
 dense checkpoint; B is not zero (peft initialises it to zero, a trained adapter's is
-not), so an adapter changes the greedy tokens.
+not), so an adapter changes the greedy tokens. Serving never imports this module.
 """
 
 from __future__ import annotations
