@@ -122,6 +122,16 @@ def lora_run(
         "wrong_shape": write_adapter(
             tmp / "wide", model, rank=8, alpha=8, seed=4, in_features_delta=8
         ),
+        # k_proj is a slice of vLLM's packed qkv_proj: its height is checked per slice.
+        "wrong_k_height": write_adapter(
+            tmp / "tall-k",
+            model,
+            rank=8,
+            alpha=8,
+            seed=5,
+            targets=("k_proj",),
+            out_features_delta=16,
+        ),
     }
     spec = {
         **base_spec(adapters),
@@ -176,6 +186,12 @@ def test_bad_adapters_are_refused_at_load_naming_the_cause(
         r"takes (\d+) inputs .* lora_A is \[8, (\d+)\]", bad["wrong_shape"]
     )
     assert found and int(found[2]) == int(found[1]) + 8, bad["wrong_shape"]
+    k_height = bad["wrong_k_height"]
+    assert (
+        k_height is not None
+        and "self_attn.k_proj takes 64 inputs and gives 64" in k_height
+    )
+    assert "lora_B is [80, 8]" in k_height, k_height
 
 
 def test_the_engine_keeps_serving_after_the_refusals(lora_run: dict[str, Any]) -> None:

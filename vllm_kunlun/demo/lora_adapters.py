@@ -32,11 +32,12 @@ def write_adapter(
     seed: int = 0,
     strength: float = 1.0,
     in_features_delta: int = 0,
+    out_features_delta: int = 0,
     config_targets: tuple[str, ...] | None = None,
 ) -> Path:
     """Write one adapter for every layer's ``targets`` of the checkpoint in
     ``model_dir``. ``in_features_delta`` widens every A (a shape that does not match);
-    ``config_targets`` overrides the target list the config states."""
+    ``out_features_delta`` heightens every B; ``config_targets`` overrides the target list the config states."""
     import torch
     from safetensors.torch import load_file, save_file
 
@@ -49,6 +50,7 @@ def write_adapter(
             continue
         out_f, in_f = weight.shape
         in_f += in_features_delta
+        out_f += out_features_delta
         a = torch.randn(rank, in_f, generator=gen) / math.sqrt(in_f)
         b = torch.randn(out_f, rank, generator=gen) * strength / math.sqrt(rank)
         tensors[f"base_model.model.{module}.lora_A.weight"] = a.contiguous()
