@@ -52,6 +52,19 @@ def add_parser(sub: Any) -> None:
         "the extra GDN state blocks, draft KV and sampler rows (default 0: none)",
     )
     p.add_argument(
+        "--max-loras",
+        type=int_range(0, 256),
+        default=0,
+        help="vLLM's --max-loras when serving with --enable-lora: the budget counts "
+        "the LoRA slots beside the weights (default 0: LoRA off)",
+    )
+    p.add_argument(
+        "--max-lora-rank",
+        type=int_range(1, 512),
+        default=16,
+        help="vLLM's --max-lora-rank (default 16, vLLM's)",
+    )
+    p.add_argument(
         "--mamba-cache-dtype",
         choices=("auto", "float32", "bfloat16", "float16"),
         default="auto",
@@ -94,6 +107,8 @@ def run(args: argparse.Namespace) -> int:
         gpu_memory_utilization=args.gpu_memory_utilization,
         mamba_cache_dtype=args.mamba_cache_dtype,
         num_speculative_tokens=args.num_speculative_tokens,
+        max_loras=args.max_loras,
+        max_lora_rank=args.max_lora_rank,
         device_memory_bytes=(
             None
             if args.device_memory_gib is None
