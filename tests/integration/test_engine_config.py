@@ -95,11 +95,11 @@ def test_default_attention_backend_is_triton(engine_config: tuple[dict, str]) ->
     )
 
 
-def test_lora_is_refused_with_the_reason(engine_config: tuple[dict, str]) -> None:
+def test_lora_is_accepted_on_a_lora_capable_model(
+    engine_config: tuple[dict, str],
+) -> None:
     result, _ = engine_config
-    assert result["lora_error"] is not None
-    assert "LoRA is not supported on Kunlun" in result["lora_error"]
-    assert "Remove --enable-lora" in result["lora_error"]
+    assert result["lora_error"] is None
 
 
 def test_a_hybrid_budget_below_one_page_is_refused_by_the_real_config(
@@ -129,6 +129,14 @@ def test_a_hybrid_budget_below_one_page_is_refused_by_the_real_config(
             print("REFUSED", str(exc).splitlines()[1].strip()[:400])
         c = config(16)
         print("PASSED", c.cache_config.block_size, c.cache_config.mamba_cache_mode)
+        try:
+            EngineArgs(
+                model={str(model)!r}, dtype="float32", enable_lora=True,
+                max_num_seqs=4, max_model_len=64,
+            ).create_engine_config()
+            print("LORA accepted")
+        except Exception as exc:
+            print("LORA", " ".join(str(exc).split())[:600])
         """,
         env={"VLLM_KUNLUN_HOST_EMULATION": "1"},
         timeout=300,
@@ -141,3 +149,6 @@ def test_a_hybrid_budget_below_one_page_is_refused_by_the_real_config(
     ), refused
     assert "--max-num-batched-tokens 16 or more" in refused
     assert "PASSED 16 align" in proc.stdout
+    lora = next(x for x in proc.stdout.splitlines() if x.startswith("LORA"))
+    assert "--enable-lora: Qwen3_5ForCausalLM" in lora, lora
+    assert "has no LoRA layers yet" in lora and "Qwen3 dense" in lora

@@ -219,6 +219,17 @@ def check_kv_budget(ctx: Context, device_runtime: Any = None) -> Finding:
         from_config = estimate_weights(config)
         if from_config is not None:
             weights, weights_source = from_config.per_card(tp), from_config.source
+    if weights is not None and ctx.max_loras:  # LoRA slots sit beside the weights
+        from vllm_kunlun.checks.lora_budget import lora_slot_bytes
+
+        weights += lora_slot_bytes(
+            config,
+            max_loras=ctx.max_loras,
+            max_rank=ctx.max_lora_rank,
+            tp=tp,
+            dtype_bytes=shape.dtype_bytes,
+        )
+        weights_source += f" + {ctx.max_loras} LoRA slot(s) of rank {ctx.max_lora_rank}"
     budget = estimate(
         shape,
         device_bytes=device,

@@ -53,6 +53,10 @@ class Context:
     checkpoint's ``mamba_ssm_dtype``, else the conv state's (ops/gdn/state_dtype.py)."""
     num_speculative_tokens: int = 0
     """``num_speculative_tokens`` of --speculative-config (MTP); 0: none."""
+    max_loras: int = 0
+    """vLLM's --max-loras with --enable-lora; 0: LoRA off."""
+    max_lora_rank: int = 16
+    """vLLM's --max-lora-rank (its default 16)."""
     dev_root: str = "/dev"
     cwd: str = field(default_factory=os.getcwd)
     """Directory a relative ``--model`` is resolved against (vLLM uses the cwd)."""

@@ -51,6 +51,19 @@ def add_parser(sub: Any) -> None:
         help="num_speculative_tokens of --speculative-config (MTP): the budget counts "
         "the extra GDN state blocks, draft KV and sampler rows (default 0: none)",
     )
+    p.add_argument(
+        "--max-loras",
+        type=int_range(0, 256),
+        default=0,
+        help="vLLM's --max-loras when serving with --enable-lora: the budget counts "
+        "the LoRA slots beside the weights (default 0: LoRA off)",
+    )
+    p.add_argument(
+        "--max-lora-rank",
+        type=int_range(1, 512),
+        default=16,
+        help="vLLM's --max-lora-rank (default 16, vLLM's)",
+    )
     for flag, state, auto in (
         ("--mamba-cache-dtype", "conv", "the model dtype"),
         (
@@ -104,6 +117,8 @@ def run(args: argparse.Namespace) -> int:
         mamba_cache_dtype=args.mamba_cache_dtype,
         mamba_ssm_cache_dtype=args.mamba_ssm_cache_dtype,
         num_speculative_tokens=args.num_speculative_tokens,
+        max_loras=args.max_loras,
+        max_lora_rank=args.max_lora_rank,
         device_memory_bytes=(
             None
             if args.device_memory_gib is None

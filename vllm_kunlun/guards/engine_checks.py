@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING
 
 from vllm_kunlun.checks.budget import to_finding
 from vllm_kunlun.checks.config_file import ConfigRangeError
+from vllm_kunlun.checks.lora_budget import lora_slot_bytes
 from vllm_kunlun.checks.memory_budget import (
     DEFAULT_RESERVE_GIB,
     P800_MEMORY_BYTES,
@@ -144,13 +145,23 @@ def engine_budget(vllm_config: VllmConfig) -> Budget | None:
     # Speculative decoding is budgeted (extra state blocks, draft KV, sampler rows),
     # not refused.
     spec = vllm_config.speculative_config
+    weights = weights_bytes_per_card(path, tp) if os.path.isdir(path) else None
+    lora = vllm_config.lora_config
+    if lora is not None and weights is not None:  # the LoRA slots sit beside them
+        weights += lora_slot_bytes(
+            model_config.hf_config.to_dict(),
+            max_loras=lora.max_loras,
+            max_rank=lora.max_lora_rank,
+            tp=tp,
+            dtype_bytes=shape.dtype_bytes,
+        )
     return estimate(
         shape,
         device_bytes=device,
         utilization=cache.gpu_memory_utilization,
         tp=tp,
         max_num_seqs=vllm_config.scheduler_config.max_num_seqs,
-        weights_bytes=weights_bytes_per_card(path, tp) if os.path.isdir(path) else None,
+        weights_bytes=weights,
         reserve_gib=DEFAULT_RESERVE_GIB,
         pp=vllm_config.parallel_config.pipeline_parallel_size,
         num_spec=int(spec.num_speculative_tokens or 0) if spec is not None else 0,

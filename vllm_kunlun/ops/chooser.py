@@ -82,7 +82,9 @@ GDN = Family("GDN", "VLLM_KUNLUN_GDN")
 MOE = Family("MoE", None)
 CUSTOM_OPS = Family("CustomOp", None, caller_warns=True)
 ATTENTION = Family("attention", None)
-FAMILIES = (SAMPLING, INT8_MM, GDN, MOE, CUSTOM_OPS, ATTENTION)
+# No switch: vendor bgmv where the policy wants vendor kernels, else portable.
+LORA = Family("LoRA", None)
+FAMILIES = (SAMPLING, INT8_MM, GDN, MOE, CUSTOM_OPS, ATTENTION, LORA)
 
 
 @dataclass(frozen=True)

@@ -139,5 +139,8 @@ VENDOR_CONTRACT: dict[str, dict[str, tuple[str, ...]]] = {
         "dynamic_scaled_int8_quant": (),
         "static_scaled_int8_quant": (),
         "cutlass_scaled_mm_azp": (),
+        # vllm_kunlun/ops/lora/seam.py: gathered LoRA matmuls (punica bgmv).
+        "bgmv_shrink_cluster": (),
+        "bgmv_expand_cluster": (),
     },
 }

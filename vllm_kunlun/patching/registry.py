@@ -298,6 +298,15 @@ REGISTRY: tuple[RuntimePatch, ...] = (
         "vLLM checks local paths before the Hub",
     ),
     RuntimePatch(
+        "lora_adapter_shapes",
+        "vllm_kunlun.ops.lora.adapter_check",
+        ("vllm.lora.worker_manager.WorkerLoRAManager._load_adapter",),
+        "vLLM loads a LoRA adapter whose shapes do not fit the model: a narrower one "
+        "serves wrong output, a wider one fails with a bare size mismatch",
+        _WORKER,
+        "vLLM checks adapter shapes at load",
+    ),
+    RuntimePatch(
         "engine_checkpoint_guard",
         "vllm_kunlun.guards.checkpoint",
         (

@@ -304,11 +304,10 @@ class KunlunPlatformBase(Platform):
 
     @classmethod
     def get_punica_wrapper(cls) -> str:
-        raise NotImplementedError(
-            "LoRA is not supported on Kunlun by vllm-kunlun: vLLM's punica kernels are "
-            "not validated on P800. Serve without --enable-lora (merge the adapter into "
-            "the weights instead)."
-        )
+        # LoRA's shrink / expand on the plugin's seam (vllm_kunlun/ops/lora/).
+        from vllm_kunlun.platforms.lora import PUNICA_WRAPPER
+
+        return PUNICA_WRAPPER
 
     # ---- configuration --------------------------------------------------------------
     # Whether the engine-start guards estimate the device-memory budget.
@@ -318,7 +317,7 @@ class KunlunPlatformBase(Platform):
     def check_and_update_config(cls, vllm_config: VllmConfig) -> None:
         """Quantization schemes the platform cannot run are refused; the platform's own
         defaults (``_defaults_first``), the defaults every vllm-kunlun platform shares
-        (fusion passes off, LoRA refused) and the platform's own that read them
+        (fusion passes off, LoRA on unsupported models refused) and the platform's own that read them
         (``_defaults_last``); then the engine-start guards: stack, model dimensions and,
         where ``_budget_guard``, the device-memory budget (the model-path guard is
         installed in ``pre_register_and_update``)."""

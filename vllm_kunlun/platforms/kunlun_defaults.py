@@ -105,12 +105,9 @@ def apply_kunlun_defaults(vllm_config: VllmConfig) -> None:
 
     refuse_unschedulable_prefill(vllm_config)
 
-    if vllm_config.lora_config is not None:
-        raise ValueError(
-            "LoRA is not supported on Kunlun by vllm-kunlun (vLLM's punica kernels are "
-            "not validated on P800). Remove --enable-lora, or merge the adapter into "
-            "the model weights."
-        )
+    from vllm_kunlun.platforms.lora import refuse_unsupported_lora
+
+    refuse_unsupported_lora(vllm_config)
 
 
 def refuse_unschedulable_prefill(vllm_config: VllmConfig) -> None:

@@ -20,6 +20,7 @@ from vllm_kunlun.ops import chooser, routes
 from vllm_kunlun.ops.attention.paged_vendor import ATTENTION_KERNELS
 from vllm_kunlun.ops.gdn import seam as gdn
 from vllm_kunlun.ops.int8 import seam as int8_mm
+from vllm_kunlun.ops.lora import seam as lora
 from vllm_kunlun.ops.sampling import seam as sampling
 from vllm_kunlun.platforms.emulation import KunlunHostEmulationPlatform
 from vllm_kunlun.platforms.kunlun import KunlunPlatform
@@ -34,6 +35,7 @@ def clean(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
         monkeypatch.delenv(f"VLLM_KUNLUN_{name}", raising=False)
     gdn.reset()
     int8_mm.reset_selection()
+    lora.reset()
     routes.forget_routes()
     yield
     gdn.reset()
@@ -75,6 +77,7 @@ FAMILIES: dict[str, Callable[[torch.device], tuple[str, str]]] = {
     "gdn": _named(lambda d: gdn.choose("fused_recurrent_gated_delta_rule", d)),
     "custom_ops": lambda d: _route(),
     "attention": lambda d: _attention(),
+    "lora": _named(lora.select_kernels),
 }
 
 
@@ -88,6 +91,7 @@ def test_host_emulation_takes_vendor_kernels_only_with_its_switch(
     assert "VLLM_KUNLUN_EMULATION_VENDOR=1 takes the vendor ones" in reason
     gdn.reset()
     int8_mm.reset_selection()
+    lora.reset()
     monkeypatch.setenv("VLLM_KUNLUN_EMULATION_VENDOR", "1")
     name, reason = FAMILIES[family](CPU)
     assert name == "vendor", reason

@@ -106,9 +106,13 @@ def test_mla_is_refused() -> None:
         KunlunPlatform.get_attn_backend_cls(None, SEL._replace(use_mla=True))
 
 
-def test_lora_decision_is_explicit() -> None:
-    with pytest.raises(NotImplementedError, match="--enable-lora"):
-        KunlunPlatform.get_punica_wrapper()
+def test_the_punica_wrapper_is_the_plugins_and_resolves() -> None:
+    from vllm.lora.punica_wrapper.punica_base import PunicaWrapperBase
+    from vllm.utils.import_utils import resolve_obj_by_qualname
+
+    name = KunlunPlatform.get_punica_wrapper()
+    assert name.startswith("vllm_kunlun.ops.lora.")
+    assert issubclass(resolve_obj_by_qualname(name), PunicaWrapperBase)
 
 
 # One rank of the two-rank test: its own input, an all-reduce on the stateless group

@@ -1,0 +1,1 @@
+"""LoRA kernels (shrink / expand) and the punica wrapper vLLM's LoRA layers call."""
