@@ -131,11 +131,15 @@ def pytest_unconfigure(config: pytest.Config) -> None:
 # at the end.
 LONGEST_FIRST = (
     "test_e2e_w8a8_hybrid.py",
+    "test_e2e_fused_moe.py",
     "test_e2e_ray.py",
     "test_e2e_moe.py",
     "test_e2e_emulation.py",
+    "test_e2e_qwen3_next.py",
     "test_e2e_hybrid_geometry.py",
     "test_e2e_hybrid_geometry_vendor.py",
+    "test_e2e_lora.py",
+    "test_serve_structured.py",
     "test_e2e_mtp_w8a8.py",
     "test_e2e_mtp.py",
 )
