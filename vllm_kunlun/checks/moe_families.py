@@ -38,7 +38,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from vllm_kunlun.checks.config_file import ConfigRangeError, config_int
-from vllm_kunlun.checks.moe_params import Tensor
+from vllm_kunlun.checks.param_tensor import Tensor
 
 QWEN3_MOE, QWEN3_NEXT, GLM4_MOE = "qwen3_moe", "qwen3_next", "glm4_moe"
 MODEL_TYPES = (QWEN3_MOE, QWEN3_NEXT, GLM4_MOE)

@@ -47,6 +47,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from vllm_kunlun.checks.config_file import ConfigRangeError, config_dtype, config_int
+from vllm_kunlun.checks.param_tensor import Tensor
 from vllm_kunlun.checks.weights import int8_ignore
 
 MOE_TYPES = ("qwen3_5_moe", "qwen3_5_moe_text")
@@ -55,31 +56,6 @@ DTYPE_BYTES = {"float32": 4, "float": 4, "bfloat16": 2, "float16": 2, "half": 2}
 INT8_SCALE_BYTES = 4
 """One float32 scale per output channel of an int8 linear (compressed-tensors' channel
 strategy)."""
-
-
-@dataclass(frozen=True)
-class Tensor:
-    """Parameters of one kind in one layer (``count`` copies: experts, or 1)."""
-
-    group: str  # "embeddings", "lm_head", "attention", "gdn", "router", "experts", ...
-    name: str  # module name as the checkpoint spells it, for the ignore list
-    rows: int  # output channels of a linear; numel for anything else (cols 1)
-    cols: int
-    count: int = 1
-    linear: bool = True
-    split: str = "tp"  # "tp": over the ranks; "replicated": on every card; "kv"
-    kv_heads: int = 0  # split "kv": heads, replicated once TP exceeds them
-
-    @property
-    def params(self) -> int:
-        return self.rows * self.cols * self.count
-
-    def rows_per_card(self, tp: int) -> float:
-        if self.split == "replicated":
-            return self.rows
-        if self.split == "kv":
-            return self.rows / self.kv_heads * max(1, self.kv_heads // tp)
-        return self.rows / tp
 
 
 @dataclass(frozen=True)

@@ -18,8 +18,8 @@ semantics; hardware must confirm the real kernels compute them.
 
 No switch: ``ops/chooser.py`` takes the vendor kernels where the active platform wants
 vendor kernels and they load, else portable; the choice is logged once per device.
-Both paths run behind two functional torch custom ops (``vllm_kunlun.lora_shrink``,
-``vllm_kunlun.lora_expand``), so torch.compile sees opaque nodes. Removal: when vLLM's
+Both paths run behind two functional torch custom ops (``torch.ops.vllm_kunlun.lora_shrink``,
+``torch.ops.vllm_kunlun.lora_expand``), so torch.compile sees opaque nodes. Removal: when vLLM's
 punica kernels run on Kunlun.
 """
 
