@@ -20,9 +20,10 @@ reads those switches (a test checks it). Each choice is logged once with its rea
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Generic, Protocol, TypeVar
+from typing import Any, Generic, Protocol, TypeVar
 
 import torch
 
@@ -33,6 +34,7 @@ from vllm_kunlun.ops.active_platform import active_plugin_platform
 logger = init_logger(__name__)
 
 T = TypeVar("T")
+K = TypeVar("K")
 
 AUTO = "auto"
 VENDOR = "vendor"
@@ -242,3 +244,39 @@ def _auto(
             return Choice(TRITON, "; ".join([why, *passed]))
         passed.append(why)
     return Choice(PORTABLE, "; ".join(passed))
+
+
+class DeviceSeam(Generic[T, K]):
+    """A family seam's state, the same for every family that picks once per device:
+    the kernels chosen for each device (``choose`` runs, and logs, once per device;
+    ``make`` turns the choice into the family's kernels object) and the calls each
+    path served (``record``; ``served`` is what the demo's report and the tests read).
+    """
+
+    def __init__(
+        self, family: Family, vendor: Loader[T], make: Callable[[Choice[T]], K]
+    ) -> None:
+        self.family, self.vendor, self.make = family, vendor, make
+        self._selected: dict[torch.device, K] = {}
+        self._served: Counter[tuple[str, str, str]] = Counter()
+
+    def select(self, device: torch.device | str) -> K:
+        device = torch.device(device)
+        if device not in self._selected:
+            choice = choose(self.family, device, vendor=self.vendor)
+            self._selected[device] = self.make(choice)
+        return self._selected[device]
+
+    def record(self, device: torch.device, path: str, reason: str) -> None:
+        self._served[(device.type, path, reason)] += 1
+
+    def served(self) -> list[dict[str, Any]]:
+        return [
+            {"device": device, "path": path, "reason": reason, "calls": calls}
+            for (device, path, reason), calls in sorted(self._served.items())
+        ]
+
+    def reset(self) -> None:
+        """Forget the per-device choices and the call counts (tests)."""
+        self._selected.clear()
+        self._served.clear()

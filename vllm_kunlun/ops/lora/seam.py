@@ -25,7 +25,6 @@ punica kernels run on Kunlun.
 
 from __future__ import annotations
 
-from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -68,32 +67,12 @@ def load_vendor() -> tuple[VendorLora | None, str]:
     return VendorLora(shrink, expand), f"{VENDOR_MODULE}.{SHRINK} / {EXPAND}"
 
 
-_selected: dict[torch.device, LoraKernels] = {}
-# (device type, path, reason) -> calls served: what tests and reports show.
-_served: Counter[tuple[str, str, str]] = Counter()
-
-
-def select_kernels(device: torch.device | str) -> LoraKernels:
-    """The LoRA path for tensors on ``device``; chosen and logged once per device."""
-    device = torch.device(device)
-    if device not in _selected:
-        choice = chooser.choose(chooser.LORA, device, vendor=load_vendor)
-        _selected[device] = LoraKernels(choice.name, choice.reason, choice.vendor)
-    return _selected[device]
-
-
-def reset() -> None:
-    """Forget the per-device choices and the call counts (tests)."""
-    _selected.clear()
-    _served.clear()
-
-
-def served() -> list[dict[str, Any]]:
-    """Each path the LoRA kernels ran on in this process, with call counts."""
-    return [
-        {"device": device, "path": path, "reason": reason, "calls": calls}
-        for (device, path, reason), calls in sorted(_served.items())
-    ]
+SEAM = chooser.DeviceSeam(
+    chooser.LORA, load_vendor, lambda c: LoraKernels(c.name, c.reason, c.vendor)
+)
+select_kernels = SEAM.select  # the LoRA path for tensors on a device, chosen once
+reset = SEAM.reset
+served = SEAM.served  # each path the LoRA kernels ran on here, with call counts
 
 
 def _slots(weights: torch.Tensor) -> torch.Tensor:
@@ -105,7 +84,7 @@ def shrink_eager(
 ) -> torch.Tensor:
     """[T, r] float32: ``scale * x @ A[slot]^T`` per token, zero without an adapter."""
     kernels = select_kernels(x.device)
-    _served[(x.device.type, kernels.name, kernels.reason)] += 1
+    SEAM.record(x.device, kernels.name, kernels.reason)
     if kernels.vendor is None:
         return portable.bgmv_shrink(x, lora_a, indices, scale)
     a = _slots(lora_a)
@@ -121,7 +100,7 @@ def expand_eager(
 ) -> torch.Tensor:
     """[T, N] in B's dtype: ``h @ B[slot]^T`` per token, zero without an adapter."""
     kernels = select_kernels(h.device)
-    _served[(h.device.type, kernels.name, kernels.reason)] += 1
+    SEAM.record(h.device, kernels.name, kernels.reason)
     if kernels.vendor is None:
         return portable.bgmv_expand(h, lora_b, indices)
     b = _slots(lora_b)

@@ -28,7 +28,6 @@ traced). Removal: when vLLM's fused MoE runs on the validated torch without Trit
 
 from __future__ import annotations
 
-from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -65,39 +64,18 @@ def load_vendor() -> tuple[Callable[..., Any] | None, str]:
     return fn, (f"{why} is available" if fn is not None else why)
 
 
-_selected: dict[torch.device, MoeKernels] = {}
-# (device type, path, reason) -> calls served: what the serving report shows.
-_served: Counter[tuple[str, str, str]] = Counter()
-
-
-def select_kernels(device: torch.device | str) -> MoeKernels:
-    """The MoE path for tensors on ``device``; chosen and logged once per device."""
-    device = torch.device(device)
-    if device not in _selected:
-        choice = chooser.choose(chooser.MOE, device, vendor=load_vendor)
-        _selected[device] = MoeKernels(choice.name, choice.reason, choice.vendor)
-    return _selected[device]
-
-
-def reset() -> None:
-    """Forget the per-device choices and the call counts (tests)."""
-    _selected.clear()
-    _served.clear()
-
-
-def served() -> list[dict[str, Any]]:
-    """Each path the MoE layers ran on in this process (device type, path, reason,
-    calls): the demo's and the tests' report of what served the experts."""
-    return [
-        {"device": device, "path": path, "reason": reason, "calls": calls}
-        for (device, path, reason), calls in sorted(_served.items())
-    ]
+SEAM = chooser.DeviceSeam(
+    chooser.MOE, load_vendor, lambda c: MoeKernels(c.name, c.reason, c.vendor)
+)
+select_kernels = SEAM.select  # the MoE path for tensors on a device, chosen once
+reset = SEAM.reset
+served = SEAM.served  # each path the MoE layers ran on here, with call counts
 
 
 def record_served(device: torch.device, path: str, reason: str) -> None:
     """Count one MoE call served on ``path`` (``served()`` reports it); also used by
-    vLLM's FusedMoE layers (``ops/moe/fused_moe_method.py``)."""
-    _served[(device.type, path, reason)] += 1
+    vLLM's MoE layer (``fused_moe_method.py``)."""
+    SEAM.record(device, path, reason)
 
 
 def _vendor_refusal(
@@ -171,7 +149,7 @@ def forward_eager(
                 renormalize,
                 num_experts,
             )
-            _served[(x.device.type, VENDOR, reason)] += 1
+            SEAM.record(x.device, VENDOR, reason)
             return out.reshape(x.shape)
         path, reason = PORTABLE, refusal
         logger.info_once(
@@ -191,7 +169,7 @@ def forward_eager(
         w13_scale=w13_scale,
         w2_scale=w2_scale,
     )
-    _served[(x.device.type, path, reason)] += 1
+    SEAM.record(x.device, path, reason)
     return out.reshape(x.shape)
 
 
