@@ -120,16 +120,21 @@ def experts_forward(
     return out
 
 
-class KunlunUnquantizedFusedMoEMethod(UnquantizedFusedMoEMethod):
-    """vLLM's unquantized MoE method, monolithic on the plugin's kernels."""
+class _Monolithic:
+    """What both served methods say to vLLM's layer: the whole block is one call
+    (``apply_monolithic``), and there is no all2all modular kernel (data-parallel
+    dispatch is refused at start)."""
 
     @property
     def is_monolithic(self) -> bool:
         return True
 
     def maybe_make_prepare_finalize(self, routing_tables: Any = None) -> None:
-        # No all2all modular kernel: data-parallel dispatch is refused at start.
         return None
+
+
+class KunlunUnquantizedFusedMoEMethod(_Monolithic, UnquantizedFusedMoEMethod):
+    """vLLM's unquantized MoE method, monolithic on the plugin's kernels."""
 
     def apply_monolithic(  # type: ignore[override]
         self, layer: Any, x: torch.Tensor, router_logits: torch.Tensor
@@ -143,7 +148,7 @@ class KunlunUnquantizedFusedMoEMethod(UnquantizedFusedMoEMethod):
         )
 
 
-class KunlunW8A8Int8MoEMethod(CompressedTensorsW8A8Int8MoEMethod):
+class KunlunW8A8Int8MoEMethod(_Monolithic, CompressedTensorsW8A8Int8MoEMethod):
     """vLLM's compressed-tensors W8A8-INT8 MoE method (int8 experts, per-channel
     weight scales, dynamic per-token activations), monolithic on the grouped kernel
     whose matmuls run on the plugin's int8 path (``ops/int8``, vendor where chosen).
@@ -155,13 +160,6 @@ class KunlunW8A8Int8MoEMethod(CompressedTensorsW8A8Int8MoEMethod):
         ours = cls.__new__(cls)
         ours.__dict__.update(method.__dict__)
         return ours
-
-    @property
-    def is_monolithic(self) -> bool:
-        return True
-
-    def maybe_make_prepare_finalize(self, routing_tables: Any = None) -> None:
-        return None
 
     def apply_monolithic(  # type: ignore[override]
         self, layer: Any, x: torch.Tensor, router_logits: torch.Tensor
