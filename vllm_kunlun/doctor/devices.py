@@ -1,5 +1,5 @@
-"""Checks 0 and 1: which platform vLLM resolves, and the Kunlun devices this container
-sees (driver count vs ``/dev/xpuN`` + ``/dev/xpuctrl`` nodes)."""
+"""Checks ``platform`` and ``devices``: which platform vLLM resolves, and the Kunlun
+devices this container sees (driver count vs ``/dev/xpuN`` + ``/dev/xpuctrl`` nodes)."""
 
 from __future__ import annotations
 
