@@ -18,6 +18,7 @@ import textwrap
 from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import pytest
 
@@ -94,6 +95,24 @@ def run_python(
         timeout=timeout,
         cwd=cwd or REPO,
     )
+
+
+@contextlib.contextmanager
+def patch_state(module: Any, on: bool) -> Iterator[None]:
+    """A runtime patch module (its ``install`` / ``installed`` / ``uninstall``) on or
+    off for one test, whatever an earlier test in this process left; as it was after."""
+    was = module.installed()
+    if on:
+        module.install()
+    else:
+        module.uninstall()
+    try:
+        yield
+    finally:
+        if was:
+            module.install()
+        else:
+            module.uninstall()
 
 
 def load_benchmark(name: str) -> ModuleType:

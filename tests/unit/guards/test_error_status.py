@@ -17,6 +17,7 @@ from vllm.entrypoints.openai.cli_args import FrontendArgs
 from vllm.entrypoints.openai.engine.serving import OpenAIServing
 from vllm.v1.engine.exceptions import EngineDeadError
 
+from tests.conftest import patch_state
 from vllm_kunlun.guards import error_status
 from vllm_kunlun.guards.media import MediaFetchError
 
@@ -53,13 +54,8 @@ def _client(exc: Exception) -> TestClient:
 
 @pytest.fixture
 def patched() -> Iterator[None]:
-    was = error_status.installed()
-    error_status.install()
-    try:
+    with patch_state(error_status, on=True):
         yield
-    finally:
-        if not was:
-            error_status.uninstall()
 
 
 CASES = [

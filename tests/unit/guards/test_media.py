@@ -13,18 +13,14 @@ import pytest
 from PIL import Image
 from vllm.multimodal.media.image import ImageMediaIO
 
+from tests.conftest import patch_state
 from vllm_kunlun.guards import media
 
 
 @pytest.fixture
 def patched() -> Iterator[None]:
-    was = media.installed()
-    media.install()
-    try:
+    with patch_state(media, on=True):
         yield
-    finally:
-        if not was:
-            media.uninstall()
 
 
 def _png(mode: str = "RGB") -> bytes:
@@ -37,13 +33,8 @@ def _png(mode: str = "RGB") -> bytes:
 @pytest.fixture
 def unpatched() -> Iterator[None]:
     """vLLM's own loader for one test, whatever an earlier test installed."""
-    was = media.installed()
-    media.uninstall()
-    try:
+    with patch_state(media, on=False):
         yield
-    finally:
-        if was:
-            media.install()
 
 
 @pytest.mark.usefixtures("unpatched")

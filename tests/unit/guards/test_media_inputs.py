@@ -14,6 +14,7 @@ import pytest
 from PIL import Image
 from vllm.multimodal.utils import MediaConnector
 
+from tests.conftest import patch_state
 from vllm_kunlun.guards import media_inputs
 
 
@@ -25,24 +26,14 @@ def _png_b64() -> str:
 
 @pytest.fixture
 def patched() -> Iterator[None]:
-    was = media_inputs.installed()
-    media_inputs.install()
-    try:
+    with patch_state(media_inputs, on=True):
         yield
-    finally:
-        if not was:
-            media_inputs.uninstall()
 
 
 @pytest.fixture
 def unpatched() -> Iterator[None]:
-    was = media_inputs.installed()
-    media_inputs.uninstall()
-    try:
+    with patch_state(media_inputs, on=False):
         yield
-    finally:
-        if was:
-            media_inputs.install()
 
 
 FRAMES = f"data:video/jpeg;base64,{_png_b64()},{_png_b64()}"

@@ -11,18 +11,14 @@ from types import SimpleNamespace
 import pytest
 from vllm.engine.arg_utils import EngineArgs
 
+from tests.conftest import patch_state
 from vllm_kunlun.guards import speculative_limits as guard
 
 
 @pytest.fixture
 def patched() -> Iterator[None]:
-    was = guard.installed()
-    guard.install()
-    try:
+    with patch_state(guard, on=True):
         yield
-    finally:
-        if not was:
-            guard.uninstall()
 
 
 def _create(config: object) -> object:

@@ -17,6 +17,7 @@ from vllm.v1.sample.rejection_sampler import RejectionSampler
 from vllm.v1.sample.sampler import Sampler
 from vllm.v1.spec_decode.metadata import SpecDecodeMetadata
 
+from tests.conftest import patch_state
 from vllm_kunlun.ops.sampling import rejection_mask
 
 VOCAB = 32
@@ -24,24 +25,14 @@ VOCAB = 32
 
 @pytest.fixture
 def patched() -> Iterator[None]:
-    was = rejection_mask.installed()
-    rejection_mask.install()
-    try:
+    with patch_state(rejection_mask, on=True):
         yield
-    finally:
-        if not was:
-            rejection_mask.uninstall()
 
 
 @pytest.fixture
 def unpatched() -> Iterator[None]:
-    was = rejection_mask.installed()
-    rejection_mask.uninstall()
-    try:
+    with patch_state(rejection_mask, on=False):
         yield
-    finally:
-        if was:
-            rejection_mask.install()
 
 
 def _metadata(
