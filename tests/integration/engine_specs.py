@@ -11,6 +11,7 @@ import re
 import subprocess
 import sys
 import warnings
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -219,3 +220,22 @@ def run_demo_cli(
     else:
         check_demo_text(proc)
     return report, proc
+
+
+def assert_greedy_equal(run: dict, jobs: list[dict]) -> None:
+    """Each job's greedy tokens in ``run`` equal its transformers reference
+    (``run["hf"]``, from a spec with ``hf_jobs``)."""
+    for job in jobs:
+        name = job["name"]
+        for got, want in zip(run["jobs"][name], run["hf"][name], strict=True):
+            assert got["prompt_token_ids"] == want["prompt_token_ids"]
+            assert got["token_ids"] == want["token_ids"], (name, got["text"])
+
+
+def moe_paths(run: dict) -> Counter[str]:
+    """Calls per MoE kernel path, summed over the ranks' serving reports."""
+    paths: Counter[str] = Counter()
+    for info in run["serving"]:
+        for entry in info["moe_kernels"]:
+            paths[entry["path"]] += int(entry["calls"])
+    return paths

@@ -23,7 +23,6 @@ correction bias, routed scaling 2.5, a shared expert). One engine per configurat
 
 from __future__ import annotations
 
-from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +34,8 @@ from tests.integration.engine_specs import (
     GREEDY_PROMPTS,
     LLM_ARGS,
     TOKEN_BUDGET,
+    assert_greedy_equal,
+    moe_paths,
     req,
     run_spec,
 )
@@ -166,22 +167,6 @@ def glm4_moe(work: Path) -> dict:
         json.loads(line) for line in records.read_text().splitlines() if line
     ]
     return run
-
-
-def assert_greedy_equal(run: dict, jobs: list[dict]) -> None:
-    for job in jobs:
-        name = job["name"]
-        for got, want in zip(run["jobs"][name], run["hf"][name], strict=True):
-            assert got["prompt_token_ids"] == want["prompt_token_ids"]
-            assert got["token_ids"] == want["token_ids"], (name, got["text"])
-
-
-def moe_paths(run: dict) -> Counter[str]:
-    paths: Counter[str] = Counter()
-    for info in run["serving"]:
-        for entry in info["moe_kernels"]:
-            paths[entry["path"]] += int(entry["calls"])
-    return paths
 
 
 FAMILIES = ["qwen3_moe", "mixtral", "glm4_moe"]

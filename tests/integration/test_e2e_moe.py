@@ -26,7 +26,6 @@ cases, run by test_checkpoint_guard.py.
 from __future__ import annotations
 
 import json
-from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -36,7 +35,9 @@ from tests.integration.engine_specs import (
     EMULATION,
     GREEDY_PROMPTS,
     TOKEN_BUDGET,
+    assert_greedy_equal,
     engine_spec,
+    moe_paths,
     req,
     run_spec,
 )
@@ -146,23 +147,6 @@ def w8a8(work: Path) -> dict:
         "post": "w8a8_reference:post_float64",
     }
     return run_spec(spec, work, "w8a8", timeout=600)
-
-
-def assert_greedy_equal(run: dict, jobs: list[dict]) -> None:
-    for job in jobs:
-        name = job["name"]
-        for got, want in zip(run["jobs"][name], run["hf"][name], strict=True):
-            assert got["prompt_token_ids"] == want["prompt_token_ids"]
-            assert got["token_ids"] == want["token_ids"], (name, got["text"])
-
-
-def moe_paths(run: dict) -> Counter[str]:
-    """Calls per MoE kernel path, summed over the ranks' serving reports."""
-    paths: Counter[str] = Counter()
-    for info in run["serving"]:
-        for entry in info["moe_kernels"]:
-            paths[entry["path"]] += int(entry["calls"])
-    return paths
 
 
 # ---- the tiny composite, portable kernels ---------------------------------------------
