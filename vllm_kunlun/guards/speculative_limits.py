@@ -32,7 +32,6 @@ from vllm_kunlun.patching.attribute import AttributePatch, OptionalPatch, expect
 
 NAME = "speculative_config_limits"
 _PARAMS = ("self", "target_model_config", "target_parallel_config")
-DEFAULT_MAX_SPEC_TOKENS = 16
 
 
 class SpeculativeConfigError(ValueError):
@@ -40,7 +39,11 @@ class SpeculativeConfigError(ValueError):
 
 
 def max_spec_tokens() -> int:
-    return envs.VLLM_KUNLUN_MAX_SPEC_TOKENS or DEFAULT_MAX_SPEC_TOKENS
+    """The variable's value; its declared default when it is set but empty."""
+    return int(
+        envs.VLLM_KUNLUN_MAX_SPEC_TOKENS
+        or envs.registry()["VLLM_KUNLUN_MAX_SPEC_TOKENS"].default
+    )
 
 
 def check_speculative_config(config: Any) -> None:
