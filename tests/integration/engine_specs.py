@@ -20,6 +20,24 @@ import pytest
 from tests.conftest import child_env, run_bounded
 from vllm_kunlun.demo.tiny_model import vocabulary
 
+# A tiny Qwen3 config.json (no weights): for the tests of engine config alone.
+TINY_QWEN3 = {
+    "architectures": ["Qwen3ForCausalLM"],
+    "model_type": "qwen3",
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 16,
+    "num_hidden_layers": 2,
+    "vocab_size": 256,
+    "max_position_embeddings": 512,
+    "rms_norm_eps": 1e-6,
+    "rope_theta": 10000.0,
+    "tie_word_embeddings": False,
+    "torch_dtype": "bfloat16",
+}
+
 RUNNER = Path(__file__).with_name("e2e_runner.py")
 EMULATION = {"VLLM_KUNLUN_HOST_EMULATION": "1", "VLLM_LOGGING_LEVEL": "INFO"}
 

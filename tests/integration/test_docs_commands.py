@@ -276,7 +276,7 @@ def test_patch_status_on_a_copy_prints_what_docs_patches_shows(
 ) -> None:
     """docs/patches.md's first ``$ vllm-kunlun patch status --root DIR`` and its output,
     run on a copy of the installed vLLM (paths aside, line for line)."""
-    from tests.integration.test_patch_engine import copy_tree
+    from tests.integration.vllm_tree import copy_tree
 
     monkeypatch.setenv("TMPDIR", str(tmp_path))  # the lock file goes here
     block = block_after(REPO / "docs" / "patches.md", "### Output")

@@ -16,8 +16,6 @@ embedding only for its ``lm_head``). An engine of four workers costs minutes on 
 
 from __future__ import annotations
 
-import json
-from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +26,7 @@ from tests.integration.engine_specs import (
     TOKEN_BUDGET,
     run_spec,
 )
+from tests.integration.pipeline_runs import stage_layers
 from tests.integration.test_e2e_hybrid import GREEDY_JOBS, LLM_ARGS, SEEDED_A, SEEDED_B
 from vllm_kunlun.demo.tiny_model import write_tiny_model
 from vllm_kunlun.demo.tiny_qwen3_5 import TinyQwen3_5Spec
@@ -35,7 +34,6 @@ from vllm_kunlun.demo.tiny_qwen3_5_moe import TinyQwen3_5MoeSpec
 
 pytestmark = pytest.mark.slow
 
-SIX = TinyQwen3_5Spec(layout="causal", num_hidden_layers=6, full_attention_interval=2)
 SHORT_JOBS = GREEDY_JOBS[1:3]  # mixed batch with a chunked prefill; 1-token prompt
 PP2 = {"pipeline_parallel_size": 2}
 
@@ -43,20 +41,6 @@ PP2 = {"pipeline_parallel_size": 2}
 @pytest.fixture(scope="module")
 def work(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("e2e_pp")
-
-
-def _tie(model: Path) -> Path:
-    """The checkpoint with ``lm_head`` tied to the embedding, as small Qwen releases
-    ship it: no ``lm_head.weight`` on disk, ``tie_word_embeddings`` in the config."""
-    from safetensors.torch import load_file, save_file
-
-    config = json.loads((model / "config.json").read_text())
-    config["tie_word_embeddings"] = True
-    (model / "config.json").write_text(json.dumps(config, indent=2))
-    tensors = load_file(model / "model.safetensors")
-    assert tensors.pop("lm_head.weight") is not None
-    save_file(tensors, model / "model.safetensors", metadata={"format": "pt"})
-    return model
 
 
 def _run(
@@ -107,17 +91,6 @@ def _assert_greedy_matches(run: dict) -> None:
             assert got["token_ids"] == want["token_ids"], (name, got["text"])
 
 
-def _stage_layers(run: dict) -> list[dict[str, int]]:
-    """Per worker (rank order), how many layers of each kind its KV cache holds."""
-    counts = []
-    for info in run["serving"]:
-        kinds: Counter[str] = Counter()
-        for group in info["kv_blocks"]:
-            kinds[group["kind"]] += group["layers"]
-        counts.append(dict(kinds))
-    return counts
-
-
 def test_hybrid_greedy_matches_transformers(hybrid: dict) -> None:
     _assert_greedy_matches(hybrid)
 
@@ -142,7 +115,7 @@ def test_each_hybrid_stage_holds_only_its_layers(hybrid: dict) -> None:
     # 4 layers (GDN x 3, attention) in two stages of two: the first stage has no
     # attention layer at all (vLLM keeps the group, empty: the stages share one KV
     # cache layout), the second one GDN and one attention layer.
-    assert _stage_layers(hybrid) == [
+    assert stage_layers(hybrid) == [
         {"MambaSpec": 2, "FullAttentionSpec": 0},
         {"MambaSpec": 1, "FullAttentionSpec": 1},
     ]

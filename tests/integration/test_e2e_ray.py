@@ -35,9 +35,9 @@ import pytest
 
 from tests.conftest import REPO, child_env, run_bounded, run_python
 from tests.integration.engine_specs import EMULATION, req
+from tests.integration.pipeline_runs import SIX, stage_layers, tie_lm_head
 from tests.integration.test_e2e_hybrid import GREEDY_JOBS as HYBRID_JOBS
 from tests.integration.test_e2e_hybrid import LLM_ARGS as HYBRID_ARGS
-from tests.integration.test_e2e_pp import SIX, _stage_layers, _tie
 from vllm_kunlun.demo.tiny_model import write_tiny_model
 
 pytestmark = pytest.mark.slow
@@ -284,7 +284,7 @@ def test_two_nodes_tp2_pp2_hybrid_generates_what_transformers_does(
     prefills beside decodes and a 1-token prompt, each stage's GDN state on its own
     node, and the last stage holding the embedding only for its ``lm_head``. The tiny
     composite runs PP 2 on the mp executor (test_e2e_pp.py)."""
-    model = _tie(write_tiny_model(work / "six", SIX))
+    model = tie_lm_head(write_tiny_model(work / "six", SIX))
     llm = {**HYBRID_ARGS, **TP2_PP2, "distributed_executor_backend": "ray"}
     env = {**engine_env(cluster), "VLLM_PP_LAYER_PARTITION": "2,4"}
     result, log = run_engine(
@@ -298,7 +298,7 @@ def test_two_nodes_tp2_pp2_hybrid_generates_what_transformers_does(
         {"MambaSpec": 1, "FullAttentionSpec": 1},
         {"MambaSpec": 2, "FullAttentionSpec": 2},
     )
-    assert _stage_layers(result) == [first, first, second, second]
+    assert stage_layers(result) == [first, first, second, second]
 
 
 TOO_SMALL = """

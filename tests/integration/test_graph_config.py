@@ -22,8 +22,8 @@ from typing import Any
 import pytest
 
 from tests.conftest import FAKES, run_python
-from tests.integration.test_engine_config import TINY_QWEN3
-from tests.integration.test_patch_engine import SET_DIR, copy_tree, installed_root
+from tests.integration.engine_specs import TINY_QWEN3
+from tests.integration.vllm_tree import SET_DIR, copy_tree, installed_root
 from vllm_kunlun.demo.tiny_model import write_tiny_model
 from vllm_kunlun.file_patches import engine
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import REPO, child_env
-from tests.integration.test_patch_engine import (
+from tests.integration.vllm_tree import (
     PATCH_SET,
     copy_tree,
     installed_root,

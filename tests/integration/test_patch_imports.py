@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import run_python
-from tests.integration.test_patch_engine import SET_DIR, copy_tree, installed_root
+from tests.integration.vllm_tree import SET_DIR, copy_tree, installed_root
 from vllm_kunlun.file_patches import engine
 
 pytestmark = pytest.mark.slow

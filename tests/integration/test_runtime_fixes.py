@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 
 from tests.conftest import run_python
-from tests.integration.test_engine_config import TINY_QWEN3
+from tests.integration.engine_specs import TINY_QWEN3
 
 CODE = """
 from vllm.engine.arg_utils import EngineArgs

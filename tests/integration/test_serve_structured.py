@@ -33,7 +33,7 @@ import pytest
 
 from tests.conftest import child_env
 from tests.integration.serve_clients import NAME, TIMEOUT, engine_core_alive
-from tests.integration.test_patch_engine import copy_tree
+from tests.integration.vllm_tree import copy_tree
 from vllm_kunlun.demo.server_process import ServerProcess, start_server
 
 pytestmark = pytest.mark.slow
