@@ -158,6 +158,7 @@ LONGEST_FIRST = (
     "test_e2e_hybrid_geometry.py",
     "test_e2e_hybrid_geometry_vendor.py",
     "test_e2e_lora.py",
+    "test_e2e_lora_hybrid.py",
     "test_serve_structured.py",
     "test_e2e_mtp_w8a8.py",
     "test_e2e_mtp.py",

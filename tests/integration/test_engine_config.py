@@ -96,6 +96,10 @@ def test_a_hybrid_budget_below_one_page_is_refused_by_the_real_config(
     from vllm_kunlun.demo.tiny_qwen3_5 import TinyQwen3_5Spec
 
     model = write_tiny_model(tmp_path / "tiny35", TinyQwen3_5Spec())  # type: ignore[operator]
+    composite = write_tiny_model(
+        tmp_path / "tiny35vl",  # type: ignore[operator]
+        TinyQwen3_5Spec(layout="composite"),
+    )
     proc = run_python(
         f"""
         from vllm.engine.arg_utils import EngineArgs
@@ -113,14 +117,15 @@ def test_a_hybrid_budget_below_one_page_is_refused_by_the_real_config(
             print("REFUSED", str(exc).splitlines()[1].strip()[:400])
         c = config(16)
         print("PASSED", c.cache_config.block_size, c.cache_config.mamba_cache_mode)
-        try:
-            EngineArgs(
-                model={str(model)!r}, dtype="float32", enable_lora=True,
-                max_num_seqs=4, max_model_len=64,
-            ).create_engine_config()
-            print("LORA accepted")
-        except Exception as exc:
-            print("LORA", " ".join(str(exc).split())[:600])
+        for name, path in (("CAUSAL", {str(model)!r}), ("COMPOSITE", {str(composite)!r})):
+            try:
+                EngineArgs(
+                    model=path, dtype="float32", enable_lora=True,
+                    max_num_seqs=4, max_model_len=64,
+                ).create_engine_config()
+                print("LORA", name, "accepted")
+            except Exception as exc:
+                print("LORA", name, " ".join(str(exc).split())[:600])
         """,
         env={"VLLM_KUNLUN_HOST_EMULATION": "1"},
         timeout=300,
@@ -133,6 +138,9 @@ def test_a_hybrid_budget_below_one_page_is_refused_by_the_real_config(
     ), refused
     assert "--max-num-batched-tokens 16 or more" in refused
     assert "PASSED 16 align" in proc.stdout
-    lora = next(x for x in proc.stdout.splitlines() if x.startswith("LORA"))
-    assert "--enable-lora: Qwen3_5ForCausalLM" in lora, lora
-    assert "has no LoRA layers yet" in lora and "Qwen3 dense" in lora
+    # The causal Qwen3.5 is served with LoRA; the composite (text layers under
+    # model.language_model.*, which a peft adapter's names would not match) is refused.
+    assert "LORA CAUSAL accepted" in proc.stdout, proc.stdout[-2000:]
+    lora = next(x for x in proc.stdout.splitlines() if x.startswith("LORA COMPOSITE"))
+    assert "--enable-lora: Qwen3_5ForConditionalGeneration" in lora, lora
+    assert "model.language_model" in lora and "Qwen3_5ForCausalLM" in lora, lora

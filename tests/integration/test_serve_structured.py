@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 import subprocess
 import sys
 import time
@@ -295,6 +296,37 @@ def test_bad_constraints_are_400s_naming_the_problem(
     assert status == 200, answer
 
 
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("guided_json", {"type": "object"}),
+        ("guided_regex", "[a-z]+"),
+        ("guided_choice", ["red", "blue"]),
+        ("guided_grammar", 'root ::= "a"'),
+    ],
+)
+def test_removed_guided_fields_are_400s_naming_the_replacement(
+    server: ServerProcess, field: str, value: Any
+) -> None:
+    """vLLM 0.15.1 would serve these unconstrained with only a log warning."""
+    status, answer = post(server, {field: value})
+    assert status == 400, answer
+    message = answer["error"]["message"]
+    assert f"'{field}'" in message and '"structured_outputs"' in message, answer
+    assert answer["error"]["param"] == field, answer
+    status, answer = post(server, {})
+    assert status == 200, answer
+
+
+def test_guided_json_in_a_chat_is_a_400_naming_response_format(
+    client: openai.OpenAI,
+) -> None:
+    with pytest.raises(openai.BadRequestError) as refused:
+        chat(client, extra_body={"guided_json": SHORT_STRING})
+    message = str(refused.value)
+    assert "'guided_json'" in message and '"response_format"' in message, message
+
+
 @pytest.mark.parametrize("regex", [r"(a+)+$", r"(a|aa)*b", r"(\w{1,40}){1,40}y"])
 def test_backtracking_regexes_are_bounded(server: ServerProcess, regex: str) -> None:
     """xgrammar builds an automaton (no backtracking): a classic catastrophic regex
@@ -307,7 +339,7 @@ def test_backtracking_regexes_are_bounded(server: ServerProcess, regex: str) -> 
     assert choice["finish_reason"] == "length" or re.fullmatch(regex, choice["text"])
 
 
-def test_named_tool_choice_arguments_are_valid_json(client: openai.OpenAI) -> None:
+def check_named_tool_choice(client: openai.OpenAI) -> None:
     choices = chat(
         client,
         tools=[WEATHER],
@@ -319,9 +351,7 @@ def test_named_tool_choice_arguments_are_valid_json(client: openai.OpenAI) -> No
         valid(call.function.arguments, WEATHER["function"]["parameters"])
 
 
-def test_auto_tool_choice_is_parsed_by_the_hermes_parser(
-    client: openai.OpenAI,
-) -> None:
+def check_auto_tool_choice(client: openai.OpenAI) -> None:
     """The model's text holds a Qwen3 / Hermes ``<tool_call>`` block (forced by a
     regex: the tiny model would not write one); vLLM's parser returns it as a call."""
     regex = (
@@ -343,9 +373,7 @@ def test_auto_tool_choice_is_parsed_by_the_hermes_parser(
         assert not (choice.message.content or "").strip()
 
 
-def test_reasoning_parser_splits_reasoning_from_content(
-    client: openai.OpenAI,
-) -> None:
+def check_reasoning_split(client: openai.OpenAI) -> None:
     regex = r"<think>[a-z ]{1,20}</think>[a-z]{1,20}"
     choices = chat(client, extra_body={"structured_outputs": {"regex": regex}})
     for choice in choices:
@@ -355,6 +383,22 @@ def test_reasoning_parser_splits_reasoning_from_content(
         )
         assert re.fullmatch(r"[a-z ]{1,20}", reasoning or ""), message
         assert re.fullmatch(r"[a-z]{1,20}", message.content or ""), message
+
+
+def test_named_tool_choice_arguments_are_valid_json(client: openai.OpenAI) -> None:
+    check_named_tool_choice(client)
+
+
+def test_auto_tool_choice_is_parsed_by_the_hermes_parser(
+    client: openai.OpenAI,
+) -> None:
+    check_auto_tool_choice(client)
+
+
+def test_reasoning_parser_splits_reasoning_from_content(
+    client: openai.OpenAI,
+) -> None:
+    check_reasoning_split(client)
 
 
 def test_structured_output_with_prefix_caching(
@@ -385,34 +429,121 @@ def test_structured_output_with_prefix_caching(
     assert hits() > before
 
 
+def causal_mtp_checkpoint(out: Path) -> str:
+    """The tiny Qwen3.5 hybrid with the byte-level BPE tokenizer and an MTP head, in
+    the causal text layout (``Qwen3_5ForCausalLM``: ``model.*``, ``lm_head.*``,
+    ``mtp.*``, the text config at the top): written by the composite MTP spec
+    (untrained head: drafts are proposed, whether accepted does not matter here), the
+    vision tower dropped and the text layers renamed as a causal checkpoint names them."""
+    from safetensors.torch import load_file, save_file
+
+    from vllm_kunlun.demo.tiny_bpe import BpeTokenizerSpec
+    from vllm_kunlun.demo.tiny_model import write_tiny_model
+    from vllm_kunlun.demo.tiny_qwen3_5_mtp import TEXT_PREFIX, TinyQwen3_5MtpSpec
+
+    spec = BpeTokenizerSpec(TinyQwen3_5MtpSpec(train_steps=0))
+    composite = write_tiny_model(out.with_name(out.name + "-composite"), spec)
+    out.mkdir(parents=True, exist_ok=True)
+    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+        shutil.copy(composite / name, out / name)
+    text = json.loads((composite / "config.json").read_text())["text_config"]
+    (out / "config.json").write_text(
+        json.dumps({**text, "architectures": ["Qwen3_5ForCausalLM"]})
+    )
+    tensors = load_file(str(composite / "model.safetensors"))
+    save_file(
+        {
+            key.replace(TEXT_PREFIX, "model.", 1): value
+            for key, value in tensors.items()
+            if not key.startswith("model.visual.")
+        },
+        str(out / "model.safetensors"),
+    )
+    assert any(key.startswith("mtp.") for key in tensors)
+    return str(out)
+
+
+# vLLM 0.15.1 refuses prefix caching with speculative decoding on hybrids.
+HYBRID_ARGS = [
+    *SERVE_ARGS,
+    "--speculative-config",
+    '{"method": "mtp", "num_speculative_tokens": 2}',
+    "--no-enable-prefix-caching",
+]
+
+
 @pytest.fixture(scope="module")
 def hybrid_server(
     site: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[ServerProcess]:
     """The tiny Qwen3.5 hybrid (Gated DeltaNet + attention) with the same tokenizer,
-    served the same way (no tool or reasoning parser: they are the Qwen3 server's)."""
-    out = str(tmp_path_factory.mktemp("hybrid") / "tiny-qwen3_5-bpe")
-    cli("tiny-model", out, "--arch", "qwen3_5", "--tokenizer", "bpe")
+    served the same way plus MTP speculation (2 speculative tokens): structured
+    output, tools and reasoning on the hybrid, with drafts proposed."""
+    out = causal_mtp_checkpoint(tmp_path_factory.mktemp("hybrid") / "tiny-qwen3_5-bpe")
     env = child_env({"VLLM_KUNLUN_HOST_EMULATION": "1", "VLLM_LOGGING_LEVEL": "INFO"})
     env["PYTHONPATH"] = f"{site}:{env['PYTHONPATH']}"
-    args = [*SERVE_ARGS[:6], *SERVE_ARGS[-2:]]
-    srv = start_server(out, args, env, log_dir=tmp_path_factory.mktemp("hlog"))
+    srv = start_server(out, HYBRID_ARGS, env, log_dir=tmp_path_factory.mktemp("hlog"))
     try:
         yield srv
     finally:
         srv.stop(timeout=10)
 
 
-def test_hybrid_model_constrained_answers(hybrid_server: ServerProcess) -> None:
-    client = openai.OpenAI(
+@pytest.fixture(scope="module")
+def hybrid_client(hybrid_server: ServerProcess) -> openai.OpenAI:
+    return openai.OpenAI(
         base_url=f"{hybrid_server.url}/v1",
         api_key="unused",
         timeout=TIMEOUT,
         max_retries=0,
     )
-    for choice in complete(client, {"json": RECORD}):
+
+
+def spec_counter(server: ServerProcess, name: str) -> float:
+    with urllib.request.urlopen(f"{server.url}/metrics", timeout=30) as resp:
+        text = resp.read().decode()
+    found = re.findall(rf"^vllm:{name}(?:_total)?\{{[^}}]*\}} (\S+)$", text, re.M)
+    return sum(float(x) for x in found)
+
+
+def test_hybrid_with_mtp_constrained_answers_validate_and_drafts_are_proposed(
+    hybrid_server: ServerProcess, hybrid_client: openai.OpenAI
+) -> None:
+    before = spec_counter(hybrid_server, "spec_decode_num_drafts")
+    for schema in (RECORD, SHORT_STRING):
+        choices = chat(
+            hybrid_client,
+            response_format={
+                "type": "json_schema",
+                "json_schema": {"name": "answer", "schema": schema},
+            },
+        )
+        for choice in choices:
+            assert choice.finish_reason == "stop", choice
+            valid(choice.message.content, schema)
+    for choice in complete(hybrid_client, {"json": RECORD}):
         assert choice.finish_reason == "stop"
         valid(choice.text, RECORD)
     regex = r"[a-z]{2,6}-[0-9]{1,3}"
-    for choice in complete(client, {"regex": regex}):
+    for choice in complete(hybrid_client, {"regex": regex}):
         assert re.fullmatch(regex, choice.text), choice.text
+    # The MTP head proposed drafts for these constrained requests (vLLM's counter).
+    assert spec_counter(hybrid_server, "spec_decode_num_drafts") > before
+
+
+def test_hybrid_named_tool_choice_arguments_are_valid_json(
+    hybrid_client: openai.OpenAI,
+) -> None:
+    check_named_tool_choice(hybrid_client)
+
+
+def test_hybrid_auto_tool_choice_is_parsed_by_the_hermes_parser(
+    hybrid_client: openai.OpenAI,
+) -> None:
+    check_auto_tool_choice(hybrid_client)
+
+
+def test_hybrid_reasoning_parser_splits_reasoning_from_content(
+    hybrid_client: openai.OpenAI,
+) -> None:
+    check_reasoning_split(hybrid_client)

@@ -68,6 +68,7 @@ from vllm.model_executor.model_loader.weight_utils import (
 from vllm.model_executor.models.interfaces import (
     HasInnerState,
     IsHybrid,
+    SupportsLoRA,
     SupportsMRoPE,
     SupportsPP,
 )
@@ -522,14 +523,36 @@ class TextWeightLoading:
 
 
 class Qwen3_5ForCausalLM(
-    TextWeightLoading, nn.Module, HasInnerState, IsHybrid, SupportsMRoPE, SupportsPP
+    TextWeightLoading,
+    nn.Module,
+    HasInnerState,
+    IsHybrid,
+    SupportsLoRA,
+    SupportsMRoPE,
+    SupportsPP,
 ):
-    """``Qwen3_5ForCausalLM`` checkpoints: weights ``model.*`` and ``lm_head.*``."""
+    """``Qwen3_5ForCausalLM`` checkpoints: weights ``model.*`` and ``lm_head.*``.
+
+    LoRA (vLLM's layers, the plugin's punica wrapper): attention ``q/k/v/o_proj``, MLP
+    ``gate/up/down_proj``, GDN ``in_proj_qkv`` (one fused tensor in peft's files, split
+    into q | k | v by vLLM's variable-slice layer), ``in_proj_z``, ``in_proj_b`` /
+    ``in_proj_a`` (packed as ``in_proj_ba``) and ``out_proj``. ``conv1d`` is a linear
+    layer only as a weight holder (the conv kernels read its weight): vLLM would accept
+    an adapter for it and never apply it, so ``LORA_REFUSED_MODULES`` names it and the
+    adapter check (``ops/lora/adapter_check.py``) refuses it at load. Only this class
+    (the causal checkpoint) is served with LoRA: ``platforms/lora.py`` refuses the
+    composite and MoE members at start.
+    """
 
     packed_modules_mapping = {
         "qkv_proj": ["q_proj", "k_proj", "v_proj"],
         "gate_up_proj": ["gate_proj", "up_proj"],
         "in_proj_ba": ["in_proj_b", "in_proj_a"],
+    }
+    # Linear layers vLLM wraps for LoRA whose forward never runs: module -> why.
+    LORA_REFUSED_MODULES = {
+        "conv1d": "the GDN depthwise convolution's weight, read by the conv kernels; "
+        "its forward never runs, so an adapter on it would be silently ignored",
     }
     # Checkpoint prefix of the text model -> this module's.
     _text_prefix = "model."

@@ -425,6 +425,20 @@ REGISTRY: tuple[RuntimePatch, ...] = (
         "vLLM's messages carry xgrammar's reason",
     ),
     RuntimePatch(
+        "guided_fields_refused",
+        "vllm_kunlun.guards.guided_fields",
+        (
+            "vllm.entrypoints.openai.chat_completion.serving."
+            "OpenAIServingChat.create_chat_completion",
+            "vllm.entrypoints.openai.completion.serving."
+            "OpenAIServingCompletion.create_completion",
+        ),
+        "guided_json / guided_regex / guided_choice / guided_grammar are ignored "
+        "with only a warning: the request is served unconstrained",
+        _FRONT,
+        "vLLM refuses the removed guided_* fields itself",
+    ),
+    RuntimePatch(
         "strict_json_strings",
         "vllm_kunlun.ops.structured.json_strings",
         ("vllm.v1.structured_output.backend_xgrammar.XgrammarBackend.compile_grammar",),

@@ -2,11 +2,14 @@
 
 Why: vLLM serves LoRA adapters through a per-platform punica wrapper
 (``get_punica_wrapper`` returns its qualified name); the plugin's runs the LoRA seam
-(``ops/lora/``: vendor bgmv kernels on Kunlun, portable batched torch elsewhere). The
-plugin's own Qwen3.5 model classes do not implement vLLM's ``SupportsLoRA`` (their GDN
-layers have no LoRA wrappers in vLLM 0.15.1), and vLLM would only find that out in the
-worker after loading the weights; this refuses them at engine start, by name.
-Removal: the refusal goes when the Qwen3.5 classes declare ``SupportsLoRA``.
+(``ops/lora/``: vendor bgmv kernels on Kunlun, portable batched torch elsewhere). Of the
+plugin's own model classes only the causal Qwen3.5 (``Qwen3_5ForCausalLM``) declares
+vLLM's ``SupportsLoRA`` and is checked against transformers with adapters merged. The
+others would fail late or, worse, serve an adapter unapplied: the composite checkpoints
+name their text layers ``model.language_model.*`` (a peft adapter for them would match
+no module of the plugin's text model), and the MoE members' experts run the plugin's
+fused MoE kernels, which have no LoRA path. They are refused at engine start, by name.
+Removal: a refusal goes when its class is served with LoRA and tested so.
 """
 
 from __future__ import annotations
@@ -17,18 +20,23 @@ from vllm_kunlun.models import ARCHITECTURES
 
 PUNICA_WRAPPER = "vllm_kunlun.ops.lora.punica.PunicaWrapperKunlun"
 
+# The plugin's architectures served with --enable-lora.
+LORA_ARCHITECTURES = frozenset({"Qwen3_5ForCausalLM"})
+
 
 def refuse_unsupported_lora(vllm_config: VllmConfig) -> None:
-    """With ``--enable-lora``, refuse the plugin's models that have no LoRA layers."""
+    """With ``--enable-lora``, refuse the plugin's models that are not served with LoRA."""
     if vllm_config.lora_config is None or vllm_config.model_config is None:
         return
     archs = list(getattr(vllm_config.model_config, "architectures", None) or [])
-    ours = [arch for arch in archs if arch in ARCHITECTURES]
-    if ours:
+    refused = [a for a in archs if a in ARCHITECTURES and a not in LORA_ARCHITECTURES]
+    if refused:
         raise ValueError(
-            f"--enable-lora: {', '.join(ours)} (vllm-kunlun's Qwen3.5 implementation) "
-            "has no LoRA layers yet, so adapters cannot be served on it. LoRA is "
-            "served on vLLM's own LoRA-capable models (Qwen3 dense, Qwen2, Llama, ...); "
-            "serve this model without --enable-lora, or merge the adapter into its "
-            "weights."
+            f"--enable-lora: {', '.join(refused)} (vllm-kunlun's implementation) is not "
+            "served with LoRA adapters: the vision-language composites' text layers are "
+            "named model.language_model.* and the MoE members' experts have no LoRA "
+            "path. LoRA is served on Qwen3_5ForCausalLM (the causal Qwen3.5 text "
+            "checkpoint) and on vLLM's own LoRA-capable models (Qwen3 dense, Qwen2, "
+            "Llama, ...); serve this model without --enable-lora, or merge the adapter "
+            "into its weights."
         )

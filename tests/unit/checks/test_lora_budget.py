@@ -66,3 +66,50 @@ def test_the_doctors_budget_adds_the_slots_to_the_weights(tmp_path: Path) -> Non
     extra = lora.details["weights_bytes"] - plain.details["weights_bytes"]
     assert extra == by_hand(1, 4, 64, 2)
     assert "4 LoRA slot(s) of rank 64" in lora.details["arithmetic"][2]
+
+
+# A Qwen3.5-shaped hybrid: 3 GDN layers then 1 gated full-attention layer.
+HYBRID = {
+    "text_config": {
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "head_dim": 32,
+        "num_hidden_layers": 4,
+        "layer_types": ["linear_attention"] * 3 + ["full_attention"],
+        "linear_num_key_heads": 2,
+        "linear_key_head_dim": 16,
+        "linear_num_value_heads": 4,
+        "linear_value_head_dim": 16,
+        "linear_conv_kernel_dim": 4,
+    }
+}
+
+
+@pytest.mark.parametrize(("tp", "slots", "r"), [(1, 2, 16), (2, 4, 8)])
+def test_a_hybrids_slots_are_counted_per_layer_type(
+    tp: int, slots: int, r: int
+) -> None:
+    h, inter, q, kv, key, value, v_heads, k = 64, 128, 4 * 32, 2 * 32, 32, 64, 4, 4
+
+    def column(i: int, o: int) -> int:
+        return r * i + (o // tp) * r
+
+    def row(i: int, o: int) -> int:
+        return r * (i // tp) + o * r
+
+    mlp = column(h, inter) * 2 + row(inter, h)
+    # q_proj holds the query and its output gate: twice the width.
+    full = column(h, 2 * q) + column(h, kv) * 2 + row(q, h)
+    # in_proj_qkv (q, k, v slices), in_proj_z, in_proj_b, in_proj_a, out_proj, conv1d
+    gdn = (
+        column(h, key) * 2
+        + column(h, value) * 2
+        + column(h, v_heads) * 2
+        + row(value, h)
+        + column(k, 2 * key + value)
+    )
+    want = (3 * (gdn + mlp) + full + mlp) * slots * 4
+    got = lora_slot_bytes(HYBRID, max_loras=slots, max_rank=r, tp=tp, dtype_bytes=4)
+    assert got == want

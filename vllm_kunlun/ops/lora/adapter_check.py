@@ -11,7 +11,11 @@ have the input width and every ``lora_B`` the output height of the layer it adap
 (the whole layer, before any tensor-parallel split), else a ValueError names the
 adapter, the module, both shapes and the fix. It raises before the adapter enters
 vLLM's cache, so the adapters already served are untouched and the API answers the
-load with the error. Removal: when vLLM checks adapter shapes at load.
+load with the error. The same wrapper refuses an adapter for a module the model
+declares unserved (``LORA_REFUSED_MODULES`` on the model class: Qwen3.5's GDN
+``conv1d``, a linear layer only as a weight holder, which vLLM would wrap and never
+apply). Removal: when vLLM checks adapter shapes at load and knows which wrapped layers
+never run.
 """
 
 from __future__ import annotations
@@ -82,11 +86,31 @@ def check_shapes(manager: Any, lora: Any, adapter: str) -> None:
             )
 
 
+def check_served_modules(manager: Any, lora: Any, adapter: str) -> None:
+    """Raise ValueError naming the adapter's modules the model declares unserved."""
+    model = getattr(manager, "model", None)
+    refused: dict[str, str] = getattr(model, "LORA_REFUSED_MODULES", None) or {}
+    hits = sorted(
+        module
+        for module in getattr(lora, "loras", {})
+        if module.rsplit(".", 1)[-1] in refused
+    )
+    if hits:
+        leaf = hits[0].rsplit(".", 1)[-1]
+        raise ValueError(
+            f"LoRA adapter {adapter!r} targets {leaf} ({len(hits)} modules, first "
+            f"{hits[0]}), which {type(model).__name__} does not serve with LoRA: "
+            f"{refused[leaf]}. Train the adapter without {leaf} in target_modules, "
+            "or merge it into the weights."
+        )
+
+
 def _make(original: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(original)
     def _load_adapter(self: Any, lora_request: Any) -> Any:
         lora = original(self, lora_request)
         name = f"{lora_request.lora_name} ({lora_request.lora_path})"
+        check_served_modules(self._adapter_manager, lora, name)
         check_shapes(self._adapter_manager, lora, name)
         return lora
 
