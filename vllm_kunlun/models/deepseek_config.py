@@ -8,8 +8,11 @@ transformers' ``DeepseekV3Config`` does not keep those keys, because its model a
 routes the V3 way (sigmoid scores, the correction bias in the choice only). A
 checkpoint saved by transformers' own ``DeepseekV3ForCausalLM`` would then fail to load
 (an unexpected ``e_score_correction_bias``) or, worse, route differently from the
-model that wrote it. ``complete_routing`` fills in the V3 routing where the keys are
-absent, logged once; a config that names its routing is left as it is.
+model that wrote it. Likewise vLLM always builds DeepSeek's experts with grouped
+top-k and asserts ``n_group`` / ``topk_group``, which a transformers-written V2 config
+with ``topk_method: greedy`` leaves None (DeepSeek-V2-Lite's released config says 1 and
+1: one group, plain top-k). ``complete_routing`` fills in what is absent, logged once;
+a config that names its routing is left as it is.
 
 Removal: when vLLM reads a transformers-written DeepSeek-V3 config as V3 routing.
 """
@@ -25,16 +28,26 @@ logger = init_logger(__name__)
 # Model types whose transformers model always routes the DeepSeek-V3 way.
 V3_ROUTING_TYPES = ("deepseek_v3", "kimi_k2")
 V3_ROUTING = {"topk_method": "noaux_tc", "scoring_func": "sigmoid"}
+# Plain top-k as vLLM's grouped routing spells it (DeepSeek-V2-Lite's released values).
+GREEDY_GROUPS = {"n_group": 1, "topk_group": 1}
 
 
-def complete_routing(hf_config: Any) -> dict[str, str]:
-    """Set DeepSeek-V3 routing on ``hf_config`` where its keys are absent; returns
-    what was set (empty when nothing was)."""
-    if getattr(hf_config, "model_type", None) not in V3_ROUTING_TYPES:
+def complete_routing(hf_config: Any) -> dict[str, Any]:
+    """Set DeepSeek routing keys on ``hf_config`` where they are absent; returns what
+    was set (empty when nothing was)."""
+    model_type = getattr(hf_config, "model_type", None)
+    if model_type in V3_ROUTING_TYPES:
+        wanted: dict[str, Any] = V3_ROUTING
+    elif model_type == "deepseek_v2" and getattr(hf_config, "topk_method", None) in (
+        None,
+        "greedy",
+    ):
+        wanted = GREEDY_GROUPS
+    else:
         return {}
     added = {
         key: value
-        for key, value in V3_ROUTING.items()
+        for key, value in wanted.items()
         if getattr(hf_config, key, None) is None
     }
     for key, value in added.items():
@@ -42,9 +55,8 @@ def complete_routing(hf_config: Any) -> dict[str, str]:
     if added:
         logger.info_once(
             "vllm-kunlun: %s config without %s: set %s, the routing transformers' "
-            "DeepSeek-V3 model always uses (sigmoid scores, e_score_correction_bias "
-            "in the expert choice)",
-            hf_config.model_type,
+            "model of it uses",
+            model_type,
             " / ".join(added),
             ", ".join(f"{k}={v}" for k, v in added.items()),
         )

@@ -127,6 +127,9 @@ def decode_attention(
     valid = pos.unsqueeze(0) < lens.to(pos.device).unsqueeze(1)  # [B, S]
     slots = torch.where(valid, slots, torch.zeros_like(slots))
     rows = kv_cache.view(-1, kv_cache.shape[-1])[slots.to(kv_cache.device)].float()
+    # Rows past a request's length are whatever the slot-0 row holds: zero them so that
+    # a stale non-finite value cannot leak through the masked softmax (0 * nan).
+    rows = rows.masked_fill(~valid.to(rows.device).unsqueeze(-1), 0.0)
     kv_c, k_pe = rows[..., :kv_lora_rank], rows[..., kv_lora_rank:]  # [B, S, *]
     scores = torch.einsum("bhl,bsl->bhs", q_latent.float(), kv_c)
     scores = (scores + torch.einsum("bhr,bsr->bhs", q_pe.float(), k_pe)) * scale
