@@ -78,9 +78,7 @@ def _norm(name: str, n: int) -> Tensor:
     return Tensor("norms", name, n, 1, linear=False, split="replicated")
 
 
-def _mla_tensors(
-    config: Mapping[str, Any], a: str, h: int, heads: int
-) -> list[Tensor]:
+def _mla_tensors(config: Mapping[str, Any], a: str, h: int, heads: int) -> list[Tensor]:
     """One DeepSeek attention layer's tensors (multi-head latent attention)."""
 
     def get(key: str) -> int:
@@ -99,7 +97,7 @@ def _mla_tensors(
         ]
     else:
         out.append(Tensor("attention", a + "q_proj", q_rows, h))
-    return out + [
+    out += [
         Tensor(
             "attention", a + "kv_a_proj_with_mqa", latent + rope, h, split="replicated"
         ),
@@ -107,6 +105,7 @@ def _mla_tensors(
         Tensor("attention", a + "kv_b_proj", heads * (nope + v), latent),
         Tensor("attention", a + "o_proj", h, heads * v),
     ]
+    return out
 
 
 def family_tensors(config: Mapping[str, Any]) -> list[Tensor] | None:
@@ -126,8 +125,7 @@ def family_tensors(config: Mapping[str, Any]) -> list[Tensor] | None:
     if hd < 1:
         raise ConfigRangeError("config.json: hidden_size is smaller than the heads")
     bias = bool(config.get("attention_bias", False))
-    qk_norm = kind == QWEN3_MOE or kind == QWEN3_NEXT
-    qk_norm = qk_norm or bool(config.get("use_qk_norm", False))
+    qk_norm = kind in (QWEN3_MOE, QWEN3_NEXT) or bool(config.get("use_qk_norm", False))
     experts_key = "n_routed_experts" if kind in GLM_LAYOUT else "num_experts"
     experts, inter = get(experts_key), get("moe_intermediate_size")
     dense_inter = get("intermediate_size")

@@ -145,6 +145,7 @@ def test_the_released_fp8_config_is_budgeted_as_an_upper_bound(
     tmp_path: Path,
 ) -> None:
     f = _check(tmp_path, RELEASED, 8, 2)
-    assert "'fp8' is not modelled, so this is an upper bound" in (
-        f.details["weights_source"]
+    assert (
+        "'fp8' is not modelled, so this is an upper bound"
+        in (f.details["weights_source"])
     )
