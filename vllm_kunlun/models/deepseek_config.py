@@ -14,6 +14,10 @@ with ``topk_method: greedy`` leaves None (DeepSeek-V2-Lite's released config say
 1: one group, plain top-k). ``complete_routing`` fills in what is absent, logged once;
 a config that names its routing is left as it is.
 
+``refuse_sparse`` stops DeepSeek-V3.2 (its DSA indexer, ``index_topk`` in the config)
+at engine start, before any weight is read, with the words of the MLA backend's own
+refusal (``ops/mla/select.py``): the plugin's MLA backend is dense.
+
 Removal: when vLLM reads a transformers-written DeepSeek-V3 config as V3 routing.
 """
 
@@ -61,3 +65,12 @@ def complete_routing(hf_config: Any) -> dict[str, Any]:
             ", ".join(f"{k}={v}" for k, v in added.items()),
         )
     return added
+
+
+def refuse_sparse(hf_config: Any, where: str) -> None:
+    """ValueError for a DeepSeek sparse-attention (DSA) config, which the plugin's dense
+    MLA backend cannot serve."""
+    from vllm_kunlun.ops.mla.select import SPARSE_REFUSAL
+
+    if getattr(hf_config, "index_topk", None) is not None:
+        raise ValueError(SPARSE_REFUSAL.format(where=where))

@@ -314,8 +314,9 @@ class KunlunPlatformBase(Platform):
 
     @classmethod
     def check_and_update_config(cls, vllm_config: VllmConfig) -> None:
-        """Quantization schemes the platform cannot run are refused; a DeepSeek-V3
-        config written by transformers gets its routing keys (models/deepseek_config.py);
+        """Quantization schemes the platform cannot run are refused; DeepSeek sparse
+        attention (V3.2) is refused and a DeepSeek config written by transformers gets
+        its routing keys (models/deepseek_config.py);
         the platform's own
         defaults (``_defaults_first``), the defaults every vllm-kunlun platform shares
         (fusion passes off, LoRA on unsupported models refused) and the platform's own that read them
@@ -331,8 +332,12 @@ class KunlunPlatformBase(Platform):
 
         refuse_schemes(vllm_config.quant_config, cls._attn_where)
         if vllm_config.model_config is not None:
-            from vllm_kunlun.models.deepseek_config import complete_routing
+            from vllm_kunlun.models.deepseek_config import (
+                complete_routing,
+                refuse_sparse,
+            )
 
+            refuse_sparse(vllm_config.model_config.hf_config, cls._attn_where)
             complete_routing(vllm_config.model_config.hf_config)
         cls._defaults_first(vllm_config)
         apply_kunlun_defaults(vllm_config)
