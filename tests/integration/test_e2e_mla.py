@@ -11,7 +11,8 @@ behind a long one, mixed prefill / decode batches.
 - ``deepseek_v3``: DeepSeek-V3's layout (q LoRA, sigmoid grouped routing with the
   correction bias), kv_lora_rank 32, rope 16, nope 16, v_head 24, 4 heads; portable.
 - ``deepseek_v2``: DeepSeek-V2-Lite's layout (no q LoRA, softmax top-k), another
-  geometry (kv_lora_rank 48, rope 8, nope 24, v_head 16, 2 heads), 32-token pages.
+  geometry (kv_lora_rank 48, rope 8, nope 24, v_head 16, 2 heads), 32-token pages, at
+  tensor parallel 2 (one head per rank, the latent cache whole on both).
 - ``deepseek_v3_vendor``: V3 in a third geometry with the vendor kernels asked for
   (``VLLM_KUNLUN_EMULATION_VENDOR=1``, tests/fakes): the latent cache written by
   ``concat_and_cache_mla`` and the decodes on ``fwd_kvcache_mla``.
@@ -75,7 +76,8 @@ def deepseek_v3(work: Path) -> dict:
 
 @pytest.fixture(scope="module")
 def deepseek_v2(work: Path) -> dict:
-    return _run(work, "deepseek_v2", "deepseek_v2", {"block_size": 32}, **V2_GEOMETRY)
+    llm = {"block_size": 32, "tensor_parallel_size": 2}
+    return _run(work, "deepseek_v2", "deepseek_v2", llm, **V2_GEOMETRY)
 
 
 @pytest.fixture(scope="module")
@@ -109,8 +111,13 @@ def test_mla_backend_served_chunked_prefill_prefix_hits_and_one_token_prompts(
     name: str, request: pytest.FixtureRequest
 ) -> None:
     run = request.getfixturevalue(name)
-    (info,) = run["serving"]
-    assert info["attention_impls"] == ["vllm_kunlun.ops.mla.backend.PluginMLAImpl"]
+    ranks = run["serving"]
+    assert len(ranks) == (2 if name == "deepseek_v2" else 1)
+    for info in ranks:
+        impls = info["attention_impls"]
+        assert impls == ["vllm_kunlun.ops.mla.backend.PluginMLAImpl"]
+        paths = {entry["path"] for entry in info["mla_kernels"]}
+        assert paths == ({"vendor"} if name.endswith("vendor") else {"portable"})
     greedy = run["jobs"]["greedy"]
     assert len(greedy[2]["prompt_token_ids"]) > TOKEN_BUDGET  # chunked
     # The warmed prefix: whole pages of it came out of the latent cache.
@@ -118,8 +125,6 @@ def test_mla_backend_served_chunked_prefill_prefix_hits_and_one_token_prompts(
     assert greedy[3]["num_cached_tokens"] >= page
     assert greedy[4]["num_cached_tokens"] >= page
     assert len(run["jobs"]["one_token_alone"][0]["prompt_token_ids"]) == 1
-    paths = {entry["path"] for entry in info["mla_kernels"]}
-    assert paths == ({"vendor"} if name.endswith("vendor") else {"portable"})
 
 
 def test_vendor_run_wrote_the_cache_and_decoded_on_the_vendor_kernels(
