@@ -98,41 +98,48 @@ class PluginMLAMetadataBuilder(AttentionMetadataBuilder[PluginMLAMetadata]):
         common_attn_metadata: CommonAttentionMetadata,
         fast_build: bool = False,
     ) -> PluginMLAMetadata:
-        m = common_attn_metadata
-        num_decodes, num_prefills, num_decode_tokens, _ = split_decodes_and_prefills(
-            m, decode_threshold=self.reorder_batch_threshold or 1
+        return build_metadata(common_attn_metadata, self.reorder_batch_threshold or 1)
+
+
+def build_metadata(
+    m: CommonAttentionMetadata, decode_threshold: int = 1
+) -> PluginMLAMetadata:
+    """Plan one engine step: the decodes (first in the batch) and, per prefill, where
+    its rows start and how many of its tokens the cache already holds."""
+    num_decodes, num_prefills, num_decode_tokens, _ = split_decodes_and_prefills(
+        m, decode_threshold=decode_threshold
+    )
+    reqs = m.num_reqs
+    starts = m.query_start_loc_cpu[: reqs + 1].tolist()
+    seq_lens = m.seq_lens[:reqs].cpu().tolist()
+    table = m.block_table_tensor[:reqs]
+    decode = None
+    if num_decodes:
+        decode = MLADecode(
+            block_table=table[:num_decodes],
+            seq_lens=m.seq_lens[:num_decodes],
+            seq_lens_cpu=seq_lens[:num_decodes],
         )
-        reqs = m.num_reqs
-        starts = m.query_start_loc_cpu[: reqs + 1].tolist()
-        seq_lens = m.seq_lens[:reqs].cpu().tolist()
-        table = m.block_table_tensor[:reqs]
-        decode = None
-        if num_decodes:
-            decode = MLADecode(
-                block_table=table[:num_decodes],
-                seq_lens=m.seq_lens[:num_decodes],
-                seq_lens_cpu=seq_lens[:num_decodes],
-            )
-        prefill = None
-        if num_prefills:
-            first = starts[num_decodes]
-            prefill = MLAPrefill(
-                block_table=table[num_decodes:],
-                query_start_loc=[s - first for s in starts[num_decodes:]],
-                context_lens=[
-                    seq_lens[i] - (starts[i + 1] - starts[i])
-                    for i in range(num_decodes, reqs)
-                ],
-            )
-        return PluginMLAMetadata(
-            num_actual_tokens=m.num_actual_tokens,
-            slot_mapping=m.slot_mapping,
-            num_decodes=num_decodes,
-            num_decode_tokens=num_decode_tokens,
-            num_prefills=num_prefills,
-            decode=decode,
-            prefill=prefill,
+    prefill = None
+    if num_prefills:
+        first = starts[num_decodes]
+        prefill = MLAPrefill(
+            block_table=table[num_decodes:],
+            query_start_loc=[s - first for s in starts[num_decodes:]],
+            context_lens=[
+                seq_lens[i] - (starts[i + 1] - starts[i])
+                for i in range(num_decodes, reqs)
+            ],
         )
+    return PluginMLAMetadata(
+        num_actual_tokens=m.num_actual_tokens,
+        slot_mapping=m.slot_mapping,
+        num_decodes=num_decodes,
+        num_decode_tokens=num_decode_tokens,
+        num_prefills=num_prefills,
+        decode=decode,
+        prefill=prefill,
+    )
 
 
 class PluginMLABackend(MLACommonBackend):
@@ -260,7 +267,7 @@ class PluginMLAImpl(MLACommonBaseImpl[PluginMLAMetadata]):
             return output.fill_(0)
         n = attn_metadata.num_actual_tokens
         out = output[:n]
-        q, k_c_normed, k_pe = q[:n], k_c_normed[:n], k_pe[:n].reshape(n, -1)
+        q, k_c_normed, k_pe = q[:n], k_c_normed[:n], k_pe[:n].flatten(1)
         kernels = seam.select_kernels(q.device)
         if kv_cache.numel() > 0:
             seam.write_cache(kernels, k_c_normed, k_pe, kv_cache, attn_metadata)

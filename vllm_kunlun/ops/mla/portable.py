@@ -37,7 +37,7 @@ def write_latent_cache(
 ) -> None:
     """Store each token's ``[kv_c, k_pe]`` row at its slot; slots < 0 (padding) are
     skipped. ``kv_c``: ``[T, L]``; ``k_pe``: ``[T, R]`` (or ``[T, 1, R]``)."""
-    rows = torch.cat([kv_c, k_pe.reshape(k_pe.shape[0], -1)], dim=-1)
+    rows = torch.cat([kv_c, k_pe.flatten(1) if k_pe.dim() == 3 else k_pe], dim=-1)
     slots = slot_mapping[: rows.shape[0]].to(torch.long)
     keep = slots >= 0
     flat = kv_cache.view(-1, kv_cache.shape[-1])
