@@ -150,3 +150,22 @@ def test_slot_indices_mark_positions_past_each_length() -> None:
     assert got.dtype == torch.int32 and got.shape == (2, 1, 5)
     assert got[0, 0].tolist() == [6, 7, 2, -1, -1]
     assert got[1, 0].tolist() == [0, 1, 4, 5, 8]
+
+
+def test_the_decode_passes_exactly_the_declared_keywords() -> None:
+    passed: dict[str, Any] = {}
+
+    def recorder(**kwargs: Any) -> None:
+        passed.update(kwargs)
+
+    decode_meta = MLADecode(
+        block_table=torch.tensor([[0, 1]]), seq_lens=torch.tensor([3]), seq_lens_cpu=[3]
+    )
+    kernels = seam.MlaKernels("vendor", "test", (recorder, recorder))
+    cache = torch.zeros(2, 2, 6)
+    seam.decode(
+        kernels, torch.zeros(1, 2, 4), torch.zeros(1, 2, 2), cache, decode_meta, 4, 1.0
+    )
+    declared = VENDOR_CONTRACT["kunlun_ops"][seam.DECODE_KERNEL]
+    assert set(passed) == set(declared)
+    assert passed["indices"][0, 0].tolist() == [0, 1, 2]
