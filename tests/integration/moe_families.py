@@ -88,7 +88,87 @@ def glm4_moe(num_experts: int = 16, top_k: int = 4, width: int = 32) -> Any:
     return Glm4MoeForCausalLM, config
 
 
+def _mla(
+    kv_lora_rank: int, rope: int, nope: int, v_head: int, heads: int
+) -> dict[str, Any]:
+    """DeepSeek's multi-head latent attention geometry (no GQA: K/V come from the
+    latent per head)."""
+    return {
+        **{k: v for k, v in COMMON.items() if k != "head_dim"},
+        "num_hidden_layers": 3,
+        "num_attention_heads": heads,
+        "num_key_value_heads": heads,
+        "kv_lora_rank": kv_lora_rank,
+        "qk_rope_head_dim": rope,
+        "qk_nope_head_dim": nope,
+        "v_head_dim": v_head,
+        "first_k_dense_replace": 1,
+        "intermediate_size": 96,
+    }
+
+
+def deepseek_v2(
+    kv_lora_rank: int = 32,
+    rope: int = 16,
+    nope: int = 16,
+    v_head: int = 24,
+    heads: int = 4,
+    num_experts: int = 8,
+    top_k: int = 2,
+    width: int = 32,
+) -> Any:
+    """DeepSeek-V2-Lite's layout: no q LoRA (``q_proj`` straight from the hidden
+    state), softmax top-k routing without renormalisation, two shared experts, a dense
+    first layer."""
+    from transformers import DeepseekV2Config, DeepseekV2ForCausalLM
+
+    config = DeepseekV2Config(
+        **_mla(kv_lora_rank, rope, nope, v_head, heads),
+        q_lora_rank=None,
+        moe_intermediate_size=width,
+        n_routed_experts=num_experts,
+        num_experts_per_tok=top_k,
+        n_shared_experts=2,
+        topk_method="greedy",
+        norm_topk_prob=False,
+        routed_scaling_factor=1.0,
+    )
+    return DeepseekV2ForCausalLM, config
+
+
+def deepseek_v3(
+    kv_lora_rank: int = 32,
+    rope: int = 16,
+    nope: int = 16,
+    v_head: int = 24,
+    heads: int = 4,
+    q_lora_rank: int = 48,
+    num_experts: int = 16,
+    top_k: int = 4,
+    width: int = 32,
+) -> Any:
+    """DeepSeek-V3 / R1's layout: q LoRA (``q_a_proj``, its norm, ``q_b_proj``),
+    sigmoid-scored grouped top-k with the correction bias, routed scaling 2.5, one
+    shared expert, a dense first layer."""
+    from transformers import DeepseekV3Config, DeepseekV3ForCausalLM
+
+    config = DeepseekV3Config(
+        **_mla(kv_lora_rank, rope, nope, v_head, heads),
+        q_lora_rank=q_lora_rank,
+        moe_intermediate_size=width,
+        n_routed_experts=num_experts,
+        num_experts_per_tok=top_k,
+        n_shared_experts=1,
+        n_group=4,
+        topk_group=2,
+        norm_topk_prob=True,
+        routed_scaling_factor=2.5,
+    )
+    return DeepseekV3ForCausalLM, config
+
+
 FAMILIES = {"qwen3_moe": qwen3_moe, "mixtral": mixtral, "glm4_moe": glm4_moe}
+FAMILIES |= {"deepseek_v2": deepseek_v2, "deepseek_v3": deepseek_v3}
 
 
 def _redraw(model: torch.nn.Module, seed: int) -> None:

@@ -41,8 +41,15 @@ def platform_class() -> Any:
 
 
 def attention_path(
-    *, head_size: int, dtype: str, block_size: int, platform: Any = None
+    *,
+    head_size: int,
+    dtype: str,
+    block_size: int,
+    platform: Any = None,
+    use_mla: bool = False,
 ) -> AttentionPath:
+    """``use_mla``: the layers are multi-head latent attention (``head_size`` is then
+    the latent row, ``kv_lora_rank + qk_rope_head_dim``)."""
     import torch
     from vllm.utils.import_utils import resolve_obj_by_qualname
     from vllm.v1.attention.selector import AttentionSelectorConfig
@@ -58,6 +65,7 @@ def attention_path(
         dtype=torch_dtype if isinstance(torch_dtype, torch.dtype) else torch.bfloat16,
         kv_cache_dtype="auto",
         block_size=block_size,
+        use_mla=use_mla,
     )
     try:
         path = plat.get_attn_backend_cls(None, selector)

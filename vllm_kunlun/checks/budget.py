@@ -251,6 +251,7 @@ def check_kv_budget(ctx: Context, device_runtime: Any = None) -> Finding:
         "state_dtype": shape.state_dtype or shape.dtype,
         "ssm_state_dtype": shape.recurrent_dtype,
         "weights_source": weights_source,
+        "kv_bytes_per_token": budget.kv_bytes_per_token,
     }
     alternative = ""
     if w8a8 is not None:
@@ -282,7 +283,10 @@ def with_attention_path(finding: Finding, shape: ModelShape, page: int) -> Findi
         return finding
     block = page or shape.block_size or DEFAULT_BLOCK_SIZE
     chosen = attention_path(
-        head_size=shape.head_dim, dtype=shape.dtype, block_size=block
+        head_size=shape.mla_width or shape.head_dim,
+        dtype=shape.dtype,
+        block_size=block,
+        use_mla=bool(shape.mla_width),
     )
     backend = (chosen.backend or "no backend").rsplit(".", 1)[-1]
     finding.details.update(
@@ -295,6 +299,12 @@ def with_attention_path(finding: Finding, shape: ModelShape, page: int) -> Findi
         f"attention: {block}-token pages, kernel block {chosen.kernel_block_size}, "
         f"{backend} on {chosen.platform}"
     )
+    if shape.mla_width:
+        line += (
+            f" (MLA: one {shape.mla_width}-wide latent row per token and layer, "
+            "the same on every TP rank)"
+        )
+        finding.details["mla_latent_width"] = shape.mla_width
     if chosen.backend is None:
         return dataclasses.replace(
             finding,

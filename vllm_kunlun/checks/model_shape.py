@@ -24,6 +24,7 @@ from vllm_kunlun.checks.config_file import (
     config_int,
     config_key,
 )
+from vllm_kunlun.checks.moe_families import DEEPSEEK as MLA_TYPES
 from vllm_kunlun.checks.moe_families import MODEL_TYPES as MOE_FAMILIES
 from vllm_kunlun.checks.moe_families import canonical
 from vllm_kunlun.ops.gdn.state_dtype import checkpoint_ssm_dtype, gdn_state_dtypes
@@ -94,6 +95,10 @@ class ModelShape:
     """The checkpoint's MTP head layers (``mtp_num_hidden_layers``)."""
     num_spec: int = 0
     """Speculative tokens per step (MTP); 0: no speculative decoding."""
+    mla_width: int = 0
+    """Multi-head latent attention (DeepSeek): ``kv_lora_rank + qk_rope_head_dim``, the
+    one latent row a token keeps per layer, whole on every TP rank (vLLM's
+    ``MLAAttentionSpec``: one KV head of that width, no separate V); 0: K / V heads."""
 
     @property
     def attention_layers(self) -> int:
@@ -270,7 +275,11 @@ class ModelShape:
         def moe_dim(key: str, minimum: int = 1) -> int:
             return positive(key, None if minimum else 0, minimum) if moe else 0
 
+        mla = 0
+        if model_type in MLA_TYPES:
+            mla = positive("kv_lora_rank") + positive("qk_rope_head_dim")
         return cls(
+            mla_width=mla,
             model_type=model_type,
             num_layers=n,
             linear_layers=linear,
@@ -296,10 +305,9 @@ class ModelShape:
 
     def kv_bytes_per_token(self, tp: int) -> int:
         """K and V of every attention layer on one card (KV heads split over TP,
-        replicated when TP exceeds them)."""
-        heads = max(1, self.num_kv_heads // tp)
+        replicated when TP exceeds them); for MLA the latent row of every layer."""
         layers = self.attention_layers + self.draft_attention_layers
-        return 2 * layers * heads * self.head_dim * self.dtype_bytes
+        return layers * self.attention_page_bytes_per_token(tp)
 
     def state_page_bytes(self, tp: int) -> int:
         """One GDN layer's conv + recurrent state of one sequence on one card, unpadded
@@ -319,7 +327,10 @@ class ModelShape:
         return conv * self.state_dtype_bytes + recurrent * self.ssm_dtype_bytes
 
     def attention_page_bytes_per_token(self, tp: int) -> int:
-        """K and V of one token in one attention layer on one card."""
+        """K and V of one token in one attention layer on one card (MLA: its latent
+        row, the same on every rank)."""
+        if self.mla_width:
+            return self.mla_width * self.dtype_bytes
         return 2 * max(1, self.num_kv_heads // tp) * self.head_dim * self.dtype_bytes
 
     def attention_block_size(self, tp: int) -> int:

@@ -1,4 +1,5 @@
-"""Parameters of the other MoE families from config.json: Qwen3-MoE, Qwen3-Next, GLM-4.5.
+"""Parameters of the other MoE families from config.json: Qwen3-MoE, Qwen3-Next, GLM-4.5,
+DeepSeek-V2 / V3 / R1 and Kimi-K2.
 
 Why: the doctor's weight / KV budget needs the weights per card before any weight file
 is there (a planning directory with a copied config.json). ``checks/weights.py``
@@ -24,10 +25,18 @@ and the totals are ``moe_params``'s):
   ``in_proj_ba`` (two rows per value head), the depthwise conv, ``dt_bias``,
   ``A_log``, the gated norm and ``out_proj``; its full attention's ``q_proj`` is
   doubled (the output gate).
-The MTP layers (GLM's ``num_nextn_predict_layers``, Qwen3-Next's ``mtp.*``) are not
-counted: vLLM's target model does not load them (as ``moe_params`` for Qwen3.5).
+- DeepSeek (``deepseek_v2`` / ``deepseek_v3`` / ``kimi_k2``): GLM's MoE layout (dense
+  below ``first_k_dense_replace``, shared experts, V3's ``e_score_correction_bias``) with
+  multi-head latent attention: ``q_proj`` ``heads x (nope + rope)`` or, with
+  ``q_lora_rank``, ``q_a_proj`` / ``q_a_layernorm`` / ``q_b_proj``;
+  ``kv_a_proj_with_mqa`` ``kv_lora_rank + rope``, ``kv_a_layernorm``, ``kv_b_proj``
+  ``heads x (nope + v_head)`` from the latent, ``o_proj``. vLLM keeps the down
+  projections (``q_a_proj``, ``kv_a_proj_with_mqa``) whole on every rank
+  (``ReplicatedLinear``) and splits the rest by head.
+The MTP layers (GLM's and DeepSeek's ``num_nextn_predict_layers``, Qwen3-Next's
+``mtp.*``) are not counted: vLLM's target model does not load them (as ``moe_params`` for Qwen3.5).
 
-``canonical`` maps GLM's expert fields to the names ``ModelShape`` reads
+``canonical`` maps GLM's and DeepSeek's expert fields to the names ``ModelShape`` reads
 (``num_experts``, ``shared_expert_intermediate_size``).
 Removal: when the budget reads the parameter count from vLLM's model on the meta device.
 """
@@ -41,7 +50,10 @@ from vllm_kunlun.checks.config_file import ConfigRangeError, config_int
 from vllm_kunlun.checks.param_tensor import Tensor
 
 QWEN3_MOE, QWEN3_NEXT, GLM4_MOE = "qwen3_moe", "qwen3_next", "glm4_moe"
-MODEL_TYPES = (QWEN3_MOE, QWEN3_NEXT, GLM4_MOE)
+DEEPSEEK = ("deepseek_v2", "deepseek_v3", "kimi_k2")
+"""vLLM's DeepSeek model: multi-head latent attention, GLM's expert layout."""
+MODEL_TYPES = (QWEN3_MOE, QWEN3_NEXT, GLM4_MOE, *DEEPSEEK)
+GLM_LAYOUT = (GLM4_MOE, *DEEPSEEK)
 
 
 def model_type(config: Mapping[str, Any]) -> str:
@@ -51,7 +63,7 @@ def model_type(config: Mapping[str, Any]) -> str:
 def canonical(config: Mapping[str, Any]) -> Mapping[str, Any]:
     """``config`` with GLM's expert fields also under the Qwen names (a copy; other
     families as they are). ConfigRangeError names a missing or bad GLM field."""
-    if model_type(config) != GLM4_MOE:
+    if model_type(config) not in GLM_LAYOUT:
         return config
     out = dict(config)
     out["num_experts"] = config_int(config, "n_routed_experts")
@@ -64,6 +76,36 @@ def canonical(config: Mapping[str, Any]) -> Mapping[str, Any]:
 
 def _norm(name: str, n: int) -> Tensor:
     return Tensor("norms", name, n, 1, linear=False, split="replicated")
+
+
+def _mla_tensors(config: Mapping[str, Any], a: str, h: int, heads: int) -> list[Tensor]:
+    """One DeepSeek attention layer's tensors (multi-head latent attention)."""
+
+    def get(key: str) -> int:
+        return config_int(config, key, "", None, 1)
+
+    rope, nope, v = get("qk_rope_head_dim"), get("qk_nope_head_dim"), get("v_head_dim")
+    latent = get("kv_lora_rank")
+    q_rows = heads * (nope + rope)
+    out: list[Tensor] = []
+    if config.get("q_lora_rank") is not None:
+        q_lora = get("q_lora_rank")
+        out += [
+            Tensor("attention", a + "q_a_proj", q_lora, h, split="replicated"),
+            _norm(a + "q_a_layernorm", q_lora),
+            Tensor("attention", a + "q_b_proj", q_rows, q_lora),
+        ]
+    else:
+        out.append(Tensor("attention", a + "q_proj", q_rows, h))
+    out += [
+        Tensor(
+            "attention", a + "kv_a_proj_with_mqa", latent + rope, h, split="replicated"
+        ),
+        _norm(a + "kv_a_layernorm", latent),
+        Tensor("attention", a + "kv_b_proj", heads * (nope + v), latent),
+        Tensor("attention", a + "o_proj", h, heads * v),
+    ]
+    return out
 
 
 def family_tensors(config: Mapping[str, Any]) -> list[Tensor] | None:
@@ -83,11 +125,11 @@ def family_tensors(config: Mapping[str, Any]) -> list[Tensor] | None:
     if hd < 1:
         raise ConfigRangeError("config.json: hidden_size is smaller than the heads")
     bias = bool(config.get("attention_bias", False))
-    qk_norm = kind != GLM4_MOE or bool(config.get("use_qk_norm", False))
-    experts_key = "n_routed_experts" if kind == GLM4_MOE else "num_experts"
+    qk_norm = kind in (QWEN3_MOE, QWEN3_NEXT) or bool(config.get("use_qk_norm", False))
+    experts_key = "n_routed_experts" if kind in GLM_LAYOUT else "num_experts"
     experts, inter = get(experts_key), get("moe_intermediate_size")
     dense_inter = get("intermediate_size")
-    if kind == GLM4_MOE:
+    if kind in GLM_LAYOUT:
         shared = get("n_shared_experts", 0, minimum=0) * inter
         first_dense = get("first_k_dense_replace", 0, minimum=0)
         sparse = [i >= first_dense for i in range(n)]
@@ -137,6 +179,8 @@ def family_tensors(config: Mapping[str, Any]) -> list[Tensor] | None:
                 _norm(a + "norm", dv),
                 Tensor("gdn", a + "out_proj", h, value),
             ]
+        elif kind in DEEPSEEK:
+            out += _mla_tensors(config, p + "self_attn.", h, heads)
         else:
             a = p + "self_attn."
             q_rows = (2 if kind == QWEN3_NEXT else 1) * heads * hd
@@ -188,7 +232,7 @@ def family_tensors(config: Mapping[str, Any]) -> list[Tensor] | None:
                 Tensor("experts", m + "experts.0.up_proj", inter, h, count=experts),
                 Tensor("experts", m + "experts.0.down_proj", h, inter, count=experts),
             ]
-            if kind == GLM4_MOE:
+            if kind == GLM4_MOE or (kind in DEEPSEEK and kind != "deepseek_v2"):
                 out.append(
                     Tensor(
                         "router",
@@ -200,7 +244,7 @@ def family_tensors(config: Mapping[str, Any]) -> list[Tensor] | None:
                     )
                 )
             if shared:
-                s = m + ("shared_experts." if kind == GLM4_MOE else "shared_expert.")
+                s = m + ("shared_experts." if kind in GLM_LAYOUT else "shared_expert.")
                 out += [
                     Tensor("shared_expert", s + "gate_proj", shared, h),
                     Tensor("shared_expert", s + "up_proj", shared, h),

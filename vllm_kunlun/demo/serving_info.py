@@ -107,6 +107,7 @@ class ServingInfo:
             "gdn_state_dtypes": _gdn_state_dtypes(model),
             "moe_kernels": _moe_kernels(),
             "moe_experts": _moe_experts(model),
+            "mla_kernels": _mla_kernels(),
             "kv_blocks": _kv_blocks(runner),
         }
 
@@ -150,6 +151,13 @@ def _moe_kernels() -> list[dict[str, Any]]:
     """What the MoE layers ran on (device, path, reason, calls); empty when no MoE layer
     ran (the seam is imported by the MoE model only)."""
     seam = sys.modules.get("vllm_kunlun.ops.moe.seam")
+    return seam.served() if seam is not None else []
+
+
+def _mla_kernels() -> list[dict[str, Any]]:
+    """What the MLA decodes ran on (device, path, reason, calls); empty when no MLA
+    layer decoded (the seam is imported by the MLA backend only)."""
+    seam = sys.modules.get("vllm_kunlun.ops.mla.seam")
     return seam.served() if seam is not None else []
 
 

@@ -86,7 +86,10 @@ CUSTOM_OPS = Family("CustomOp", None, caller_warns=True)
 ATTENTION = Family("attention", None)
 # No switch: vendor bgmv where the policy wants vendor kernels, else portable.
 LORA = Family("LoRA", None)
-FAMILIES = (SAMPLING, INT8_MM, GDN, MOE, CUSTOM_OPS, ATTENTION, LORA)
+# No switch: the vendor MLA cache write and decode where the policy wants vendor
+# kernels, else portable (ops/mla/seam.py).
+MLA = Family("MLA attention", None)
+FAMILIES = (SAMPLING, INT8_MM, GDN, MOE, CUSTOM_OPS, ATTENTION, LORA, MLA)
 
 
 @dataclass(frozen=True)

@@ -97,6 +97,21 @@ VENDOR_CONTRACT: dict[str, dict[str, tuple[str, ...]]] = {
             "use_qk_l2norm_in_kernel",
             "is_h0_transposed",
         ),
+        # vllm_kunlun/ops/mla/seam.py: the latent cache write (positional, as upstream
+        # passes it) and the absorbed MLA decode over slot indices, by keyword.
+        "concat_and_cache_mla": (),
+        "fwd_kvcache_mla": (
+            "q_c",
+            "kv_cache",
+            "indices",
+            "kv_lod_cpu",
+            "out",
+            "max_logits",
+            "p_sums",
+            "softmax_scale",
+            "max_seq_kv",
+            "kv_lod_xpu",
+        ),
         # vllm_kunlun/ops/moe/seam.py: the whole routed MoE block (softmax top-k routing
         # and the expert MLPs), every argument by keyword as upstream passes it.
         "moe_ffn_block": (

@@ -151,13 +151,12 @@ class KunlunPlatformBase(Platform):
         """The Kunlun backend on the vendor kernels when the platform wants them and
         they serve the layer; else the platform's default, or an explicit choice it can
         run; else a refusal that says why and what to use. CUSTOM is the plugin's
-        portable backend."""
+        portable backend. MLA layers go to the plugin's MLA backend
+        (vllm_kunlun/ops/mla/select.py)."""
         if attn_selector_config.use_mla:
-            raise ValueError(
-                f"vllm-kunlun has no MLA attention backend {cls._attn_where}; MLA "
-                "models (DeepSeek-V2/V3 family) cannot be served with this plugin "
-                "version."
-            )
+            from vllm_kunlun.ops.mla.select import select_mla
+
+            return select_mla(selected_backend, attn_selector_config, cls._attn_where)
         if selected_backend is None and cls.vendor_kernels()[0]:
             from vllm_kunlun.ops.attention.select import select_kunlun
 
@@ -315,7 +314,10 @@ class KunlunPlatformBase(Platform):
 
     @classmethod
     def check_and_update_config(cls, vllm_config: VllmConfig) -> None:
-        """Quantization schemes the platform cannot run are refused; the platform's own
+        """Quantization schemes the platform cannot run are refused; DeepSeek sparse
+        attention (V3.2) is refused and a DeepSeek config written by transformers gets
+        its routing keys (models/deepseek_config.py);
+        the platform's own
         defaults (``_defaults_first``), the defaults every vllm-kunlun platform shares
         (fusion passes off, LoRA on unsupported models refused) and the platform's own that read them
         (``_defaults_last``); then the engine-start guards: stack, model dimensions and,
@@ -329,6 +331,14 @@ class KunlunPlatformBase(Platform):
         )
 
         refuse_schemes(vllm_config.quant_config, cls._attn_where)
+        if vllm_config.model_config is not None:
+            from vllm_kunlun.models.deepseek_config import (
+                complete_routing,
+                refuse_sparse,
+            )
+
+            refuse_sparse(vllm_config.model_config.hf_config, cls._attn_where)
+            complete_routing(vllm_config.model_config.hf_config)
         cls._defaults_first(vllm_config)
         apply_kunlun_defaults(vllm_config)
         apply_ray_defaults(vllm_config, cls.ray_host_cards(vllm_config))

@@ -311,6 +311,10 @@ def top_k_top_p_sampling_from_logits(
 
 from kunlun_ops._gdn import *  # noqa: E402,F403  (Gated DeltaNet kernels)
 from kunlun_ops._int8 import matmul, quant2d  # noqa: E402,F401  (W8A8 int8 kernels)
+from kunlun_ops._mla import (  # noqa: E402,F401  (MLA cache write and decode)
+    concat_and_cache_mla,
+    fwd_kvcache_mla,
+)
 from kunlun_ops._moe import moe_ffn_block  # noqa: E402,F401  (the routed MoE block)
 from kunlun_ops._moe_routing import (  # noqa: E402,F401  (MoE routing kernels)
     moe_sigmoid_group_topk_norm,

@@ -67,8 +67,11 @@ def test_emulation_refuses_backends_that_need_vllm_c() -> None:
         KunlunHostEmulationPlatform.get_attn_backend_cls(
             AttentionBackendEnum.CPU_ATTN, selector()
         )
-    with pytest.raises(ValueError, match="no MLA"):
-        KunlunHostEmulationPlatform.get_attn_backend_cls(None, selector(use_mla=True))
+    # MLA layers go to the plugin's MLA backend (tests/unit/ops/test_mla_select.py).
+    mla = KunlunHostEmulationPlatform.get_attn_backend_cls(
+        None, selector(use_mla=True, head_size=576)
+    )
+    assert mla == "vllm_kunlun.ops.mla.backend.PluginMLABackend"
 
 
 def test_kunlun_takes_portable_only_by_explicit_choice() -> None:

@@ -112,6 +112,8 @@ def test_every_keyword_passed_is_declared_in_the_contract(fake_ops: Any) -> None
         "moe_ffn_block",  # the routed MoE block (test_moe_seam.py)
         "moe_softmax_topk_norm",  # vLLM FusedMoE routing (test_moe_fused_method.py)
         "moe_sigmoid_group_topk_norm",
+        "concat_and_cache_mla",  # the MLA cache write and decode (test_mla_seam.py)
+        "fwd_kvcache_mla",
     }
     assert used == norms_rotary_act
     for name, keywords in fake_ops.KEYWORDS:

@@ -101,9 +101,13 @@ def test_backends_needing_vllm_c_are_refused(
     assert "TRITON_ATTN" in str(err.value)
 
 
-def test_mla_is_refused() -> None:
-    with pytest.raises(ValueError, match="no MLA attention backend"):
-        KunlunPlatform.get_attn_backend_cls(None, SEL._replace(use_mla=True))
+def test_mla_layers_get_the_plugins_mla_backend() -> None:
+    path = KunlunPlatform.get_attn_backend_cls(None, SEL._replace(use_mla=True))
+    assert path == "vllm_kunlun.ops.mla.backend.PluginMLABackend"
+    with pytest.raises(ValueError, match="DSA lightning indexer"):
+        KunlunPlatform.get_attn_backend_cls(
+            None, SEL._replace(use_mla=True, use_sparse=True)
+        )
 
 
 def test_the_punica_wrapper_is_the_plugins_and_resolves() -> None:

@@ -26,13 +26,23 @@ SUPPORTED = (
 _FIX = "Serve a W8A8-INT8 compressed-tensors checkpoint or the unquantized model."
 
 
+FP8_DEQUANTIZE = (
+    " FP8 checkpoints as DeepSeek releases them (DeepSeek-V3 / V3.1 / R1: e4m3 weights "
+    "with 128 x 128 block scales) must be dequantized to BF16 first: the DeepSeek-V3 "
+    "repository's inference/fp8_cast_bf16.py does it (python fp8_cast_bf16.py "
+    "--input-fp8-hf-path FP8_DIR --output-bf16-hf-path BF16_DIR; copy the tokenizer and "
+    "config.json without its quantization_config), or serve a BF16 or W8A8-INT8 "
+    "release of the model."
+)
+
+
 def refuse_method(quant: str | None, where: str) -> None:
     """Raise ``ValueError`` unless ``quant`` (vLLM's method name) can run ``where``."""
     if quant is None or quant == SUPPORTED_METHOD:
         return
     raise ValueError(
         f"{quant} quantization cannot run {where}: vllm-kunlun serves only "
-        f"{SUPPORTED}. {_FIX}"
+        f"{SUPPORTED}. {_FIX}{FP8_DEQUANTIZE if quant == 'fp8' else ''}"
     )
 
 

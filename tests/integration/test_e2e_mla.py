@@ -1,0 +1,141 @@
+"""End to end in host emulation: DeepSeek's multi-head latent attention on the plugin's
+MLA backend (vllm_kunlun/ops/mla/), greedy token for token equal to transformers 5.2.0.
+
+Tiny checkpoints written by transformers' own classes (``moe_families.py``), with
+DeepSeek's MoE on vLLM's layer (the plugin's kernel): a dense first layer, shared
+experts. One engine per configuration (module-scoped), each running the hybrid tests'
+job list: chunked prefill (32-token budget: the long prompt in four chunks, each later
+chunk attending over the cached latent context), prefix-cache hits (a warmed 40-token
+prefix: two cached pages read back from the latent cache), 1-token prompts alone and
+behind a long one, mixed prefill / decode batches.
+- ``deepseek_v3``: DeepSeek-V3's layout (q LoRA, sigmoid grouped routing with the
+  correction bias), kv_lora_rank 32, rope 16, nope 16, v_head 24, 4 heads; portable.
+- ``deepseek_v2``: DeepSeek-V2-Lite's layout (no q LoRA, softmax top-k), another
+  geometry (kv_lora_rank 48, rope 8, nope 24, v_head 16, 2 heads), 32-token pages, at
+  tensor parallel 2 (one head per rank, the latent cache whole on both).
+- ``deepseek_v3_vendor``: V3 in a third geometry with the vendor kernels asked for
+  (``VLLM_KUNLUN_EMULATION_VENDOR=1``, tests/fakes): the latent cache written by
+  ``concat_and_cache_mla`` and the decodes on ``fwd_kvcache_mla``.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.integration import moe_families
+from tests.integration.engine_specs import (
+    EMULATION,
+    LLM_ARGS,
+    TOKEN_BUDGET,
+    assert_greedy_equal,
+    run_spec,
+)
+from tests.integration.test_e2e_hybrid import GREEDY_JOBS
+
+pytestmark = pytest.mark.slow
+
+RECORD_ENV = "FAKE_KUNLUN_OPS_RECORD"
+V2_GEOMETRY = {"kv_lora_rank": 48, "rope": 8, "nope": 24, "v_head": 16, "heads": 2}
+VENDOR_GEOMETRY = {"kv_lora_rank": 24, "rope": 8, "nope": 8, "v_head": 8, "heads": 8}
+
+
+@pytest.fixture(scope="module")
+def work(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("e2e_mla")
+
+
+def _run(
+    work: Path,
+    name: str,
+    family: str,
+    llm: dict[str, Any] | None = None,
+    env: dict[str, str] | None = None,
+    **shape: Any,
+) -> dict:
+    model = str(moe_families.write(family, work / name, **shape))
+    spec = {
+        "backend": "vllm",
+        "model": model,
+        "llm": {**LLM_ARGS, **(llm or {})},
+        "engine_in_process": True,
+        "jobs": GREEDY_JOBS,
+        "hf_jobs": GREEDY_JOBS,
+        "hf_cache": True,
+    }
+    return run_spec(spec, work, name, env=env, timeout=900)
+
+
+@pytest.fixture(scope="module")
+def deepseek_v3(work: Path) -> dict:
+    return _run(work, "deepseek_v3", "deepseek_v3")
+
+
+@pytest.fixture(scope="module")
+def deepseek_v2(work: Path) -> dict:
+    llm = {"block_size": 32, "tensor_parallel_size": 2}
+    return _run(work, "deepseek_v2", "deepseek_v2", llm, **V2_GEOMETRY)
+
+
+@pytest.fixture(scope="module")
+def deepseek_v3_vendor(work: Path) -> dict:
+    records = work / "deepseek_v3_vendor.calls.jsonl"
+    env = {**EMULATION, "VLLM_KUNLUN_EMULATION_VENDOR": "1", RECORD_ENV: str(records)}
+    run = _run(work, "deepseek_v3_vendor", "deepseek_v3", env=env, **VENDOR_GEOMETRY)
+    run["calls"] = [
+        json.loads(line) for line in records.read_text().splitlines() if line
+    ]
+    return run
+
+
+RUNS = ["deepseek_v3", "deepseek_v2", "deepseek_v3_vendor"]
+
+
+@pytest.mark.parametrize("name", RUNS)
+def test_greedy_matches_transformers_token_for_token(
+    name: str, request: pytest.FixtureRequest
+) -> None:
+    run = request.getfixturevalue(name)
+    assert_greedy_equal(run, GREEDY_JOBS)
+    # Not degenerate: the reference says different things for different prompts.
+    greedy = [tuple(r["token_ids"]) for r in run["hf"]["greedy"]]
+    assert len(set(greedy)) == len(greedy), greedy
+    assert all(len(set(t)) >= 4 for t in greedy), greedy
+
+
+@pytest.mark.parametrize("name", RUNS)
+def test_mla_backend_served_chunked_prefill_prefix_hits_and_one_token_prompts(
+    name: str, request: pytest.FixtureRequest
+) -> None:
+    run = request.getfixturevalue(name)
+    ranks = run["serving"]
+    assert len(ranks) == (2 if name == "deepseek_v2" else 1)
+    for info in ranks:
+        impls = info["attention_impls"]
+        assert impls == ["vllm_kunlun.ops.mla.backend.PluginMLAImpl"]
+        paths = {entry["path"] for entry in info["mla_kernels"]}
+        assert paths == ({"vendor"} if name.endswith("vendor") else {"portable"})
+    greedy = run["jobs"]["greedy"]
+    assert len(greedy[2]["prompt_token_ids"]) > TOKEN_BUDGET  # chunked
+    # The warmed prefix: whole pages of it came out of the latent cache.
+    page = 32 if name == "deepseek_v2" else LLM_ARGS["block_size"]
+    assert greedy[3]["num_cached_tokens"] >= page
+    assert greedy[4]["num_cached_tokens"] >= page
+    assert len(run["jobs"]["one_token_alone"][0]["prompt_token_ids"]) == 1
+
+
+def test_vendor_run_wrote_the_cache_and_decoded_on_the_vendor_kernels(
+    deepseek_v3_vendor: dict,
+) -> None:
+    calls = deepseek_v3_vendor["calls"]
+    names = {c["name"] for c in calls}
+    assert {"concat_and_cache_mla", "fwd_kvcache_mla"} <= names
+    decodes = [c for c in calls if c["name"] == "fwd_kvcache_mla"]
+    # Batched decodes: several requests in one call, the latent rows by slot index.
+    widths = {tuple(c["args"]["q_c"]["shape"]) for c in decodes}
+    assert any(shape[0] > 1 for shape in widths), widths
+    heads, width = VENDOR_GEOMETRY["heads"], 24 + 8
+    assert all(shape[1:] == (1, heads, width) for shape in widths), widths
