@@ -24,6 +24,14 @@ SUPPORTED = (
     "static per tensor)"
 )
 _FIX = "Serve a W8A8-INT8 compressed-tensors checkpoint or the unquantized model."
+# Per method, how to get the unquantized model where none is released.
+_HOW = {
+    "mxfp4": (
+        " gpt-oss ships MXFP4 experts only: dequantize them to bf16 once with "
+        "transformers (from_pretrained(..., quantization_config=Mxfp4Config("
+        "dequantize=True)), then save_pretrained) and serve that directory."
+    ),
+}
 
 
 def refuse_method(quant: str | None, where: str) -> None:
@@ -32,7 +40,7 @@ def refuse_method(quant: str | None, where: str) -> None:
         return
     raise ValueError(
         f"{quant} quantization cannot run {where}: vllm-kunlun serves only "
-        f"{SUPPORTED}. {_FIX}"
+        f"{SUPPORTED}. {_FIX}{_HOW.get(quant, '')}"
     )
 
 
