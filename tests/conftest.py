@@ -151,6 +151,7 @@ def pytest_unconfigure(config: pytest.Config) -> None:
 LONGEST_FIRST = (
     "test_e2e_w8a8_hybrid.py",
     "test_e2e_fused_moe.py",
+    "test_e2e_family_matrix.py",
     "test_e2e_ray.py",
     "test_e2e_moe.py",
     "test_e2e_emulation.py",

@@ -73,6 +73,9 @@ JOBS = [
     {"name": "one_token_alone", "requests": [req("night", TOKENS)]},
 ]
 VENDOR = {**EMULATION, "VLLM_KUNLUN_EMULATION_VENDOR": "1"}
+# The reference runs transformers' eager attention, the modeling code's own: its SDPA
+# path drops Gemma 2's soft-cap (test_sdpa_reference_would_drop_gemma2s_soft_cap).
+HF_ATTN = "eager"
 # family -> (vendor path?, config.json edits that switch its extra attention off)
 FAMILIES: dict[str, tuple[bool, dict[str, Any]]] = {
     "llama": (False, {}),
@@ -126,6 +129,7 @@ def engine_run(family: str, work: Path) -> dict:
             "engine_in_process": True,
             "jobs": JOBS,
             "hf_jobs": JOBS,
+            "hf_attn": HF_ATTN,
         }
         try:
             run = run_spec(
@@ -198,10 +202,25 @@ def test_the_window_matters_for_these_prompts(family: str, work: Path) -> None:
     config = json.loads((plain / "config.json").read_text())
     (plain / "config.json").write_text(json.dumps({**config, **edits}))
     greedy = [job for job in JOBS if job["name"] == "greedy"]
-    without = run_hf({"model": str(plain), "jobs": greedy})["jobs"]["greedy"]
+    without = run_hf({"model": str(plain), "jobs": greedy, "hf_attn": HF_ATTN})
+    without = without["jobs"]["greedy"]
     with_window = run["hf"]["greedy"]
     differ = [
         a["token_ids"] != b["token_ids"]
         for a, b in zip(with_window, without, strict=True)
     ]
     assert any(differ[2:5]), differ  # the long prompts
+
+
+def test_sdpa_reference_would_drop_gemma2s_soft_cap(work: Path) -> None:
+    """Why the reference is eager: transformers' SDPA attention ignores
+    ``attn_logit_softcapping`` and generates other tokens than its eager attention,
+    which applies it (and which vLLM + the plugin match above)."""
+    run = engine_run("gemma2", work)
+    greedy = [job for job in JOBS if job["name"] == "greedy"]
+    sdpa = run_hf({"model": run["model"], "jobs": greedy, "hf_attn": "sdpa"})
+    differ = [
+        a["token_ids"] != b["token_ids"]
+        for a, b in zip(run["hf"]["greedy"], sdpa["jobs"]["greedy"], strict=True)
+    ]
+    assert any(differ), differ

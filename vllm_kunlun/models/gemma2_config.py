@@ -27,10 +27,7 @@ logger = init_logger(__name__)
 def fill_hidden_act(vllm_config: VllmConfig) -> bool:
     """Give a Gemma 2 text config without ``hidden_act`` its ``hidden_activation``;
     True when it did."""
-    model_config = vllm_config.model_config
-    if model_config is None:
-        return False
-    config = model_config.hf_text_config
+    config = getattr(getattr(vllm_config, "model_config", None), "hf_text_config", None)
     if getattr(config, "model_type", None) != "gemma2":
         return False
     activation = getattr(config, "hidden_activation", None)
