@@ -86,6 +86,10 @@ FAMILIES: dict[str, tuple[bool, dict[str, Any]]] = {
     "gpt_oss": (True, {"sliding_window": 4096}),
 }
 WINDOWED = ["gemma2", "gemma3", "mistral", "gpt_oss"]
+# Checkpoint seeds: gpt-oss at seed 0 has a greedy near-tie (top-2 logits 6e-4 apart in
+# float64 on the 100-token prompt), which float32 may break either way; seed 3's
+# closest call is 7e-3. The others' closest calls at seed 0 are 1e-3 or more.
+SEEDS = {"gpt_oss": 3}
 # Families whose matrix entries live in other modules (filled in as they land).
 ELSEWHERE: dict[str, list[str]] = {
     "qwen3": [
@@ -121,7 +125,7 @@ def engine_run(family: str, work: Path) -> dict:
     failure (if any) reported to every test that asks again, not run again."""
     if family not in _RUNS:
         vendor, _ = FAMILIES[family]
-        model = attention_families.write(family, work / family)
+        model = attention_families.write(family, work / family, SEEDS.get(family, 0))
         spec = {
             "backend": "vllm",
             "model": str(model),
