@@ -28,7 +28,7 @@ def fill_hidden_act(vllm_config: VllmConfig) -> bool:
     """Give a Gemma 2 text config without ``hidden_act`` its ``hidden_activation``;
     True when it did."""
     config = getattr(getattr(vllm_config, "model_config", None), "hf_text_config", None)
-    if getattr(config, "model_type", None) != "gemma2":
+    if config is None or getattr(config, "model_type", None) != "gemma2":
         return False
     activation = getattr(config, "hidden_activation", None)
     if getattr(config, "hidden_act", None) is not None or activation is None:
