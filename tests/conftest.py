@@ -152,6 +152,7 @@ LONGEST_FIRST = (
     "test_e2e_w8a8_hybrid.py",
     "test_e2e_fused_moe.py",
     "test_e2e_mla.py",
+    "test_e2e_family_matrix.py",
     "test_e2e_ray.py",
     "test_e2e_moe.py",
     "test_e2e_emulation.py",

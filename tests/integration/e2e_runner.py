@@ -17,6 +17,9 @@ Spec: {"backend": "vllm" | "hf", "model": DIR, "llm": {LLM kwargs},
        "hf_jobs": [jobs for a transformers greedy reference after the engine jobs],
        "hf_also": {"model": DIR, "jobs": [...]} (a reference on another checkpoint),
        "hf_cache": bool (reference decodes with transformers' cache, not recompute),
+       "hf_attn": transformers' attn_implementation for the reference ("eager": its
+                  modeling code's own attention, which alone applies Gemma 2's
+                  soft-cap; default: transformers' choice),
        "metrics": bool (record vLLM's spec_decode counters after the jobs),
        "post": "module:function" run after the engine jobs with (spec, result)}
 A request with "image" carries a small image (multi_modal_data); "images":
@@ -327,7 +330,10 @@ def run_hf(spec: dict[str, Any]) -> dict[str, Any]:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(spec["model"])
-    model = AutoModelForCausalLM.from_pretrained(spec["model"], dtype=torch.float32)
+    attn = {"attn_implementation": spec["hf_attn"]} if spec.get("hf_attn") else {}
+    model = AutoModelForCausalLM.from_pretrained(
+        spec["model"], dtype=torch.float32, **attn
+    )
     model.eval()
     result: dict[str, Any] = {"jobs": {}, "error": None}
     for job in spec["jobs"]:

@@ -105,6 +105,10 @@ def apply_kunlun_defaults(vllm_config: VllmConfig) -> None:
 
     refuse_unschedulable_prefill(vllm_config)
 
+    from vllm_kunlun.models.gemma2_config import fill_hidden_act
+
+    fill_hidden_act(vllm_config)  # transformers 5.2.0's Gemma 2 configs
+
     from vllm_kunlun.platforms.lora import refuse_unsupported_lora
 
     refuse_unsupported_lora(vllm_config)

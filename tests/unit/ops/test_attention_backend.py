@@ -86,7 +86,6 @@ def test_kunlun_takes_portable_only_by_explicit_choice() -> None:
 @pytest.mark.parametrize(
     ("config", "reason"),
     [
-        (selector(has_sink=True), "sink"),
         (selector(attn_type=AttentionType.ENCODER_ONLY), "attention type"),
         (selector(kv_cache_dtype="fp8"), "kv_cache_dtype"),
         (selector(dtype=torch.float64), "dtype"),
@@ -102,9 +101,7 @@ def test_unsupported_layers_fail_at_selection(
 @pytest.mark.parametrize(
     ("kwargs", "what"),
     [
-        ({"sliding_window": 128}, "sliding-window"),
         ({"alibi_slopes": [0.5, 0.25, 0.1, 0.05]}, "ALiBi"),
-        ({"sinks": torch.zeros(4)}, "sinks"),
         ({"attn_type": AttentionType.ENCODER_DECODER}, "encoder_decoder"),
         ({"kv_cache_dtype": "fp8"}, "kv_cache_dtype='fp8'"),
         ({"use_alibi_sqrt": True}, "use_alibi_sqrt"),
@@ -113,6 +110,23 @@ def test_unsupported_layers_fail_at_selection(
 def test_impl_refuses_what_it_cannot_do(kwargs: dict, what: str) -> None:
     with pytest.raises(NotImplementedError, match=f"does not support.*{what}"):
         impl(**kwargs)
+
+
+def test_layers_with_sinks_select_the_portable_backend() -> None:
+    # gpt-oss's layers: vLLM asks the backend whether it takes sinks.
+    assert attention.select_portable(selector(has_sink=True)) == (
+        attention.PORTABLE_BACKEND_PATH
+    )
+
+
+def test_impl_keeps_window_cap_and_sinks_for_the_kernel() -> None:
+    sinks = torch.zeros(4)
+    layer_impl = impl(sliding_window=128, logits_soft_cap=30.0, sinks=sinks)
+    assert layer_impl.sliding_window == 128
+    assert layer_impl.logits_soft_cap == 30.0
+    assert layer_impl.sinks is sinks
+    with pytest.raises(ValueError, match="one per query head"):
+        impl(sinks=torch.zeros(3))
 
 
 def test_warm_up_run_without_metadata_returns_zeros() -> None:

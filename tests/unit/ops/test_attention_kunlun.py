@@ -276,6 +276,69 @@ def test_warm_up_run_writes_nothing(fake_ops: Any) -> None:
     assert fake_ops.CALLS == []
 
 
+def dense_reference(
+    step: Step,
+    window: int | None = None,
+    soft_cap: float | None = None,
+    sinks: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Per request in float64, masked by hand: key ``j`` is seen by the query at
+    ``p`` when ``j <= p`` and ``j > p - window``; the sink is one more logit per head."""
+    out = []
+    for r, (s, e) in enumerate(step.rows):
+        q = step.query[s:e].double().cpu()  # [Q, H, D]
+        k = step.full_k[r].double().repeat_interleave(HEADS // KV_HEADS, 1)
+        v = step.full_v[r].double().repeat_interleave(HEADS // KV_HEADS, 1)
+        scores = torch.einsum("qhd,shd->hqs", q, k) * HEAD**-0.5
+        if soft_cap:
+            scores = soft_cap * torch.tanh(scores / soft_cap)
+        q_pos = k.shape[0] - (e - s) + torch.arange(e - s)[:, None]
+        k_pos = torch.arange(k.shape[0])[None, :]
+        allowed = k_pos <= q_pos
+        if window is not None:
+            allowed &= k_pos > q_pos - window
+        scores = scores.masked_fill(~allowed, float("-inf"))
+        if sinks is None:
+            probs = scores.softmax(-1)
+        else:
+            sink = sinks.double()[:, None, None].expand(-1, e - s, 1)
+            probs = torch.cat([scores, sink], -1).softmax(-1)[..., :-1]
+        out.append(torch.einsum("hqs,shd->qhd", probs, v))
+    return torch.cat(out)
+
+
+FEATURES = [
+    {"sliding_window": 6},
+    {"sliding_window": 19},
+    {"logits_soft_cap": 3.0},
+    {"sinks": torch.linspace(-2.0, 2.0, HEADS)},
+    {"sliding_window": 10, "sinks": torch.linspace(1.0, -1.0, HEADS)},
+]
+
+
+@pytest.mark.parametrize("hybrid", [False, True])
+@pytest.mark.parametrize("features", FEATURES)
+def test_window_cap_and_sink_layers_run_the_portable_kernel_over_the_kunlun_cache(
+    fake_ops: Any, features: dict, hybrid: bool
+) -> None:
+    step = make_step(*MIXED, hybrid=hybrid, seed=7)
+    out = run_layer(step, **features)
+    expected = dense_reference(
+        step,
+        window=features.get("sliding_window"),
+        soft_cap=features.get("logits_soft_cap"),
+        sinks=features.get("sinks"),
+    )
+    torch.testing.assert_close(out.double(), expected, atol=1e-5, rtol=1e-5)
+    # The feature matters here (a kernel ignoring it would fail the check above).
+    assert not torch.allclose(expected, dense_reference(step), atol=1e-3)
+    # The cache write stays on the vendor kernel; attention does not.
+    assert [c.name for c in fake_ops.CALLS] == ["reshape_and_cache_flash"]
+    status = routes.status()["attention"]
+    assert status["native_calls"] == 1 and status["vendor_calls"] == 0
+    assert any("portable kernel" in r for r in status["native_reasons"])
+
+
 def test_hybrid_views_are_contiguous_and_address_the_right_pages() -> None:
     kv = torch.arange(2 * 3 * 4, dtype=torch.float32).view(2, 3, 1, 4, 1).clone()
     page = 4
@@ -296,10 +359,7 @@ def test_hybrid_views_are_contiguous_and_address_the_right_pages() -> None:
 @pytest.mark.parametrize(
     ("kwargs", "what"),
     [
-        ({"sliding_window": 4096}, "sliding-window"),
         ({"alibi_slopes": [0.5] * HEADS}, "ALiBi"),
-        ({"logits_soft_cap": 30.0}, "soft-capping"),
-        ({"sinks": torch.zeros(HEADS)}, "sinks"),
         ({"kv_cache_dtype": "fp8"}, "kv_cache_dtype"),
         ({"attn_type": AttentionType.ENCODER_ONLY}, "encoder_only"),
         ({"scale": 0.0625}, "softmax scale"),
@@ -358,10 +418,11 @@ def test_kunlun_falls_back_to_triton_with_the_reason(
 ) -> None:
     triton = AttentionBackendEnum.TRITON_ATTN.get_path()
     # A layer the backend cannot serve.
-    assert KunlunPlatform.get_attn_backend_cls(None, selector(has_sink=True)) == triton
-    assert attention.select_kunlun(selector(has_sink=True))[1].endswith(
-        "sink setting not supported"
-    )
+    fp8 = selector(kv_cache_dtype="fp8")
+    assert KunlunPlatform.get_attn_backend_cls(None, fp8) == triton
+    assert "kv_cache_dtype not supported" in attention.select_kunlun(fp8)[1]
+    # Sinks it serves (on the portable kernel, see below).
+    assert attention.select_kunlun(selector(has_sink=True))[0] == BACKEND_PATH
     # A vendor library without the kernels.
     monkeypatch.delattr(fake_ops, "prefill_attention")
     assert KunlunPlatform.get_attn_backend_cls(None, selector()) == triton

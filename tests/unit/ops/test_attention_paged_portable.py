@@ -2,7 +2,9 @@
 
 Random batches mix decodes, prefill chunks over cached context (chunked prefill, prefix
 cache hits) and fresh prefills, with GQA, shuffled physical blocks and padded slots. The
-reference attends over each request's whole sequence, kept outside the cache.
+reference attends over each request's whole sequence, kept outside the cache, masking
+by hand (causal, the sliding window ``p - window < j <= p``), with the soft cap and the
+sinks (one extra logit per head in the softmax, as transformers' gpt-oss writes it).
 """
 
 from __future__ import annotations
@@ -114,7 +116,11 @@ def make_batch(
 
 
 def naive_attention(
-    batch: Batch, scale: float, soft_cap: float | None = None
+    batch: Batch,
+    scale: float,
+    soft_cap: float | None = None,
+    window: int | None = None,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Dense causal GQA attention per request, in float64."""
     num_heads = batch.query.shape[1]
@@ -130,19 +136,40 @@ def naive_attention(
         if soft_cap:
             scores = soft_cap * torch.tanh(scores / soft_cap)
         q_pos = ctx + torch.arange(hi - lo)
-        allowed = torch.arange(k.shape[0])[None, :] <= q_pos[:, None]
+        k_pos = torch.arange(k.shape[0])[None, :]
+        allowed = k_pos <= q_pos[:, None]
+        if window is not None:
+            allowed &= k_pos > q_pos[:, None] - window
         scores = scores.masked_fill(~allowed, float("-inf"))
-        out[lo:hi] = torch.einsum("hqs,shd->qhd", scores.softmax(-1), v)
+        if sinks is None:
+            probs = scores.softmax(-1)
+        else:
+            sink = sinks.double()[:, None, None].expand(-1, hi - lo, 1)
+            probs = torch.cat([scores, sink], -1).softmax(-1)[..., :-1]
+        out[lo:hi] = torch.einsum("hqs,shd->qhd", probs, v)
     return out
 
 
-def run(batch: Batch, scale: float, soft_cap: float | None = None) -> torch.Tensor:
+def run(
+    batch: Batch,
+    scale: float,
+    soft_cap: float | None = None,
+    window: int | None = None,
+    sinks: torch.Tensor | None = None,
+) -> torch.Tensor:
     paged.write_kv_cache(
         batch.key, batch.value, batch.kv_cache, batch.plan.slot_mapping
     )
     output = torch.full_like(batch.query, float("nan"))
     return paged.paged_attention(
-        batch.query, batch.kv_cache, batch.plan, output, scale, soft_cap
+        batch.query,
+        batch.kv_cache,
+        batch.plan,
+        output,
+        scale,
+        soft_cap,
+        window=window,
+        sinks=None if sinks is None else sinks.to(batch.query.device),
     )
 
 
@@ -225,3 +252,108 @@ def test_attention_reads_only_its_own_blocks() -> None:
     )
     torch.testing.assert_close(out_after[0], out_before[0])
     assert not torch.allclose(out_after[1], out_before[1])
+
+
+# ---- sliding windows, sinks, soft-cap --------------------------------------------------
+# Decodes over contexts longer and shorter than the windows, a chunk over cached context,
+# a fresh prefill, a chunk ending mid-block.
+WINDOW_BATCH = ([9, 1, 30, 12, 0, 5], [1, 1, 1, 7, 11, 3])
+
+
+@pytest.mark.parametrize("device", ["cpu", CUDA])
+@pytest.mark.parametrize("window", [1, 3, 8, 16, 200])
+@pytest.mark.parametrize("block_size", [4, 16])
+def test_sliding_window_matches_masked_dense_attention(
+    device: str, window: int, block_size: int
+) -> None:
+    batch = make_batch(
+        *WINDOW_BATCH, device=device, block_size=block_size, seed=window, pad_tokens=2
+    )
+    scale = 16**-0.5
+    out = run(batch, scale, window=window)
+    n = batch.plan.num_actual_tokens
+    expected = naive_attention(batch, scale, window=window)
+    torch.testing.assert_close(
+        out[:n].cpu().double(), expected[:n], atol=1e-5, rtol=1e-5
+    )
+    if window < 30:  # shorter than some context: ignoring it would be noticed
+        assert not torch.allclose(
+            expected[:n], naive_attention(batch, scale)[:n], atol=1e-3
+        )
+
+
+def test_window_larger_than_every_sequence_is_full_attention() -> None:
+    batch = make_batch(*WINDOW_BATCH, seed=5)
+    out = run(batch, 0.25, window=4096)
+    torch.testing.assert_close(
+        out.double(), naive_attention(batch, 0.25), atol=1e-5, rtol=1e-5
+    )
+
+
+@pytest.mark.parametrize("window", [2, 6])
+def test_window_reads_no_block_the_sliding_window_manager_may_free(
+    window: int,
+) -> None:
+    """vLLM's sliding-window KV manager frees (and reuses) the blocks wholly before
+    ``num_computed_tokens - window + 1``: poisoning them must change nothing."""
+    context_lens, query_lens = [13, 22, 17], [1, 1, 5]
+    block_size = 4
+    batch = make_batch(context_lens, query_lens, block_size=block_size, seed=9)
+    scale = 0.25
+    before = run(batch, scale, window=window).clone()
+    table = [g.block_table for g in batch.plan.groups]
+    rows = [(0, r) for r in range(2)] + [(1, 0)]
+    for (g, r), ctx in zip(rows, context_lens, strict=True):
+        first_kept = max(0, ctx - window + 1)
+        for col in range(first_kept // block_size):  # blocks wholly before it
+            batch.kv_cache[int(table[g][r, col])] = float("nan")
+    output = torch.full_like(batch.query, float("nan"))
+    after = paged.paged_attention(
+        batch.query, batch.kv_cache, batch.plan, output, scale, window=window
+    )
+    assert torch.isfinite(after).all()
+    torch.testing.assert_close(after, before)
+    # Full attention reads those blocks: the poison shows (the check has teeth).
+    full = paged.paged_attention(
+        batch.query, batch.kv_cache, batch.plan, torch.empty_like(output), scale
+    )
+    assert not torch.isfinite(full).all()
+
+
+@pytest.mark.parametrize("heads", [(4, 2), (8, 1)])
+def test_sinks_join_the_softmax_denominator(heads: tuple[int, int]) -> None:
+    num_heads, num_kv_heads = heads
+    batch = make_batch(
+        *WINDOW_BATCH, num_heads=num_heads, num_kv_heads=num_kv_heads, seed=2
+    )
+    sinks = torch.linspace(-1.0, 3.0, num_heads)
+    out = run(batch, 0.25, sinks=sinks)
+    expected = naive_attention(batch, 0.25, sinks=sinks)
+    torch.testing.assert_close(out.double(), expected, atol=1e-5, rtol=1e-5)
+    assert not torch.allclose(expected, naive_attention(batch, 0.25), atol=1e-3)
+
+
+def test_sinks_window_and_soft_cap_together_with_gqa() -> None:
+    # gpt-oss: sinks on every layer, a window on every other one; Gemma 2: cap + window.
+    batch = make_batch(*WINDOW_BATCH, num_heads=6, num_kv_heads=2, seed=4)
+    sinks = torch.tensor([0.5, -2.0, 1.0, 0.0, 2.5, -0.5])
+    out = run(batch, 0.3, soft_cap=1.5, window=5, sinks=sinks)
+    expected = naive_attention(batch, 0.3, soft_cap=1.5, window=5, sinks=sinks)
+    torch.testing.assert_close(out.double(), expected, atol=1e-5, rtol=1e-5)
+
+
+def test_bfloat16_window_and_sinks() -> None:
+    batch = make_batch(*WINDOW_BATCH, dtype=torch.bfloat16, seed=6)
+    sinks = torch.linspace(-1.0, 1.0, 4).to(torch.bfloat16)
+    out = run(batch, 0.25, window=7, sinks=sinks)
+    expected = naive_attention(batch, 0.25, window=7, sinks=sinks)
+    torch.testing.assert_close(out.double(), expected, atol=2e-2, rtol=2e-2)
+
+
+def test_window_views_are_planned_once_per_step_and_window() -> None:
+    batch = make_batch(*WINDOW_BATCH, seed=1)
+    group = batch.plan.groups[-1]
+    assert group.view(4) is group.view(4)
+    assert group.view(4) is not group.view(5)
+    # A window as long as the longest sequence needs no view of its own.
+    assert group.view(group.max_seq_len).mask is group.mask

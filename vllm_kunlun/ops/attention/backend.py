@@ -3,7 +3,9 @@
 Why: host emulation has no usable attention backend (vLLM's CPU_ATTN needs ``vllm._C``),
 and a CUDA-compatible device without vendor kernels needs one that runs anywhere. This
 backend covers decoder-only causal attention with GQA, chunked prefill and prefix
-caching; anything else is refused when the layer is built, with the reason.
+caching, per-layer sliding windows (with vLLM's sliding-window KV manager), logit
+soft-capping and attention sinks; anything else is refused when the layer is built,
+with the reason.
 
 vLLM knows out-of-tree backends only as ``AttentionBackendEnum.CUSTOM``; the layer maps
 ``get_name()`` back to the enum, so the name is ``CUSTOM`` (see ``__init__.py``).
@@ -115,10 +117,7 @@ class PortableAttentionImpl(PluginAttentionImpl[PortableAttentionMetadata]):
     DISPLAY_NAME = DISPLAY_NAME
     WHY: ClassVar[dict[str, str]] = {
         "attn_type": "It handles decoder-only causal attention with GQA.",
-        "sliding_window": "Serve a model without sliding windows or pick another "
-        "backend.",
         "alibi": "Serve a RoPE model or pick another backend.",
-        "sinks": "Pick another backend.",
         "kv_cache_dtype": "Use --kv-cache-dtype auto.",
     }
 
@@ -139,5 +138,12 @@ class PortableAttentionImpl(PluginAttentionImpl[PortableAttentionMetadata]):
         if self.kv_sharing_target_layer_name is None and key is not None:
             paged.write_kv_cache(key, value, kv_cache, plan.slot_mapping)
         return paged.paged_attention(
-            query, kv_cache, plan, output, self.scale, self.logits_soft_cap
+            query,
+            kv_cache,
+            plan,
+            output,
+            self.scale,
+            self.logits_soft_cap,
+            window=self.sliding_window,
+            sinks=self.sinks,
         )

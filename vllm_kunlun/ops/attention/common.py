@@ -5,7 +5,9 @@ both decoder-only paged backends that vLLM can only know as ``CUSTOM``. The answ
 vLLM asks the class for (name, dtypes, cascade, attention types), the batch order of
 their metadata builders, the layer checks made when a model is built and vLLM's
 ``forward`` call up to the kernels are the same; only the refusal words and the
-kernels (each backend's ``attend``) differ.
+kernels (each backend's ``attend``) differ. Per-layer sliding windows, logit
+soft-capping and attention sinks are accepted here and kept on the impl
+(``sliding_window``, ``logits_soft_cap``, ``sinks``) for the kernels.
 
 Removal: with the backends.
 """
@@ -57,6 +59,11 @@ class PluginAttentionBackend(AttentionBackend):
     @classmethod
     def supports_attn_type(cls, attn_type: str) -> bool:
         return attn_type == AttentionType.DECODER
+
+    @classmethod
+    def supports_sink(cls) -> bool:
+        # Both backends attend with sinks (the Kunlun one on the portable kernel).
+        return True
 
     @classmethod
     def supports_block_size(cls, block_size: int | None) -> bool:
@@ -119,15 +126,15 @@ class PluginAttentionImpl(AttentionImpl[M]):
         if attn_type != AttentionType.DECODER:
             kind = getattr(attn_type, "value", attn_type)
             raise self.refusal(f"{kind} attention", why["attn_type"])
-        if sliding_window is not None:
-            raise self.refusal(
-                f"sliding-window attention (window {sliding_window})",
-                why["sliding_window"],
-            )
+        if sliding_window is not None and sliding_window < 1:
+            raise ValueError(f"sliding_window={sliding_window} must be positive")
         if alibi_slopes is not None:
             raise self.refusal("ALiBi", why["alibi"])
-        if sinks is not None:
-            raise self.refusal("attention sinks", why["sinks"])
+        if sinks is not None and sinks.numel() != num_heads:
+            raise ValueError(
+                f"attention sinks of shape {tuple(sinks.shape)}: one per query head "
+                f"({num_heads}) expected"
+            )
         if kv_cache_dtype != "auto":
             raise self.refusal(
                 f"kv_cache_dtype={kv_cache_dtype!r}", why["kv_cache_dtype"]
@@ -145,6 +152,11 @@ class PluginAttentionImpl(AttentionImpl[M]):
                 f"num_kv_heads={num_kv_heads}"
             )
         self.logits_soft_cap = logits_soft_cap or None
+        # Keys ``p - window < j <= p`` for a query at ``p`` (None: all of them).
+        self.sliding_window = sliding_window
+        # One logit per query head joining the softmax denominator (gpt-oss). vLLM's
+        # layer owns the parameter; the weights are loaded into it after this call.
+        self.sinks = sinks
         self.kv_sharing_target_layer_name = kv_sharing_target_layer_name
 
     def forward(

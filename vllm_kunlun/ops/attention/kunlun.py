@@ -16,10 +16,17 @@ Hybrid models (attention beside Mamba/GDN layers in one KV memory pool): vLLM re
 the cache so that K and V of a block are adjacent pages; ``kv_views`` turns that into
 two contiguous tensors with doubled block ids, so the kernels never see strides.
 
-Refused, with the reason and the fix, when the layer is built: sliding windows
-(``paged_attention`` takes no window), ALiBi, logits soft-capping, sinks, a softmax
-scale other than ``1/sqrt(head_size)`` (no call form takes a scale), non-decoder
-attention, quantized KV caches, head sizes the kernels do not list.
+Layers with a sliding window, logit soft-capping or attention sinks attend on the
+portable kernel (``paged_portable.attend`` over this backend's BHLD pages, the reason
+logged once): the decode call ``paged_attention`` takes no window, no sinks and no
+cap, and no call form takes a cap; the cache write stays on ``reshape_and_cache_flash``.
+(``prefill_attention``'s call form names ``swa_left`` / ``sink``, but a layer's decodes
+would still need the portable kernel, and its window convention is unverified off the
+hardware.)
+
+Refused, with the reason and the fix, when the layer is built: ALiBi, a softmax scale
+other than ``1/sqrt(head_size)`` (no call form takes a scale), non-decoder attention,
+quantized KV caches, head sizes the kernels do not list.
 
 vLLM knows out-of-tree backends only as ``AttentionBackendEnum.CUSTOM``: ``get_name()``
 says CUSTOM (the layer maps the name back to the enum), and the platform returns this
@@ -44,6 +51,7 @@ from vllm.v1.attention.backends.utils import split_decodes_and_prefills
 
 from vllm_kunlun.logger import init_logger
 from vllm_kunlun.ops import chooser
+from vllm_kunlun.ops.attention import paged_portable as portable
 from vllm_kunlun.ops.attention import paged_vendor as ops
 from vllm_kunlun.ops.attention.common import (
     DecodesFirstMetadataBuilder,
@@ -100,7 +108,39 @@ class KunlunAttentionMetadata(AttentionMetadata):
     slot_mapping: torch.Tensor  # [num_actual_tokens] int64, negative: do not write
     decode: DecodeMetadata | None
     prefill: PrefillMetadata | None
+    common: CommonAttentionMetadata | None = None
     _index: dict[tuple[int, int], PagedIndex] = field(default_factory=dict)
+    _portable: dict[tuple[int, int], portable.AttentionPlan] = field(
+        default_factory=dict
+    )
+
+    def portable_plan(
+        self, block_size: int, block_multiplier: int
+    ) -> portable.AttentionPlan:
+        """The portable kernel's plan of this step over this backend's pages (for the
+        layers it serves); computed once per step, by the first layer that asks."""
+        key = (block_size, block_multiplier)
+        found = self._portable.get(key)
+        if found is not None:
+            return found
+        m = self.common
+        if m is None:
+            raise ValueError(f"{DISPLAY_NAME}: metadata built without the step's plan")
+        index = self.index(block_size, block_multiplier)
+        n = m.num_reqs
+        found = portable.plan_step(
+            m.query_start_loc[: n + 1],
+            m.query_start_loc_cpu[: n + 1],
+            m.seq_lens[:n],
+            m.block_table_tensor[:n] * block_multiplier,
+            index.slot_mapping,
+            num_decodes=self.decode.block_table.shape[0] if self.decode else 0,
+            num_actual_tokens=self.num_actual_tokens,
+            max_seq_len=m.max_seq_len,
+            block_size=block_size,
+        )
+        self._portable[key] = found
+        return found
 
     def index(self, block_size: int, block_multiplier: int) -> PagedIndex:
         """Slots and block tables for caches whose block ``b`` is ``b * multiplier``;
@@ -171,6 +211,7 @@ def build_metadata(m: CommonAttentionMetadata) -> KunlunAttentionMetadata:
         slot_mapping=m.slot_mapping[:num_tokens],
         decode=decode,
         prefill=prefill,
+        common=m,
     )
 
 
@@ -248,9 +289,7 @@ class KunlunAttentionImpl(PluginAttentionImpl[KunlunAttentionMetadata]):
     DISPLAY_NAME = DISPLAY_NAME
     WHY: ClassVar[dict[str, str]] = {
         "attn_type": "the kernels are causal decoder kernels",
-        "sliding_window": "kunlun_ops.paged_attention takes no window",
         "alibi": "kunlun_ops.paged_attention takes no slopes",
-        "sinks": "the call forms used take no sinks",
         "kv_cache_dtype": "not a kernel layout",
     }
 
@@ -261,10 +300,28 @@ class KunlunAttentionImpl(PluginAttentionImpl[KunlunAttentionMetadata]):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         head_size, scale = self.head_size, self.scale
-        if self.logits_soft_cap:
-            raise self.refusal(
-                f"logits soft-capping ({self.logits_soft_cap})", "no kernel cap"
+        # What the vendor call forms cannot take sends the layer to the portable kernel.
+        portable_why = [
+            why
+            for why, needed in (
+                (
+                    f"sliding window {self.sliding_window} "
+                    "(kunlun_ops.paged_attention takes no window)",
+                    self.sliding_window is not None,
+                ),
+                (
+                    f"logit soft-capping {self.logits_soft_cap} "
+                    "(no kunlun_ops call form takes a cap)",
+                    bool(self.logits_soft_cap),
+                ),
+                (
+                    "attention sinks (kunlun_ops.paged_attention takes none)",
+                    self.sinks is not None,
+                ),
             )
+            if needed
+        ]
+        self.portable_reason = "; ".join(portable_why) or None
         if head_size not in SUPPORTED_HEAD_SIZES:
             raise self.refusal(
                 f"head size {head_size}", f"kernels take {SUPPORTED_HEAD_SIZES}"
@@ -281,6 +338,14 @@ class KunlunAttentionImpl(PluginAttentionImpl[KunlunAttentionMetadata]):
                 f"{self.route.reason}. {FIX}"
             )
         logger.info_once("vllm-kunlun: attention served by %s", DISPLAY_NAME)
+        if self.portable_reason:
+            self.route.reasons.add(f"portable kernel: {self.portable_reason}")
+            logger.info_once(
+                "vllm-kunlun: attention layers with %s run on the portable kernel "
+                "(paged_portable.py) over the Kunlun cache; the other layers on "
+                "kunlun_ops",
+                self.portable_reason,
+            )
 
     def attend(
         self,
@@ -300,6 +365,20 @@ class KunlunAttentionImpl(PluginAttentionImpl[KunlunAttentionMetadata]):
         if new_kv:
             ops.write_kv_cache(
                 k, key[:n], value[:n], key_cache, value_cache, index.slot_mapping
+            )
+        if self.portable_reason:
+            self.route.native_calls += 1
+            return portable.attend(
+                query,
+                key_cache,
+                value_cache,
+                md.portable_plan(key_cache.shape[2], multiplier),
+                output,
+                self.scale,
+                self.logits_soft_cap,
+                window=self.sliding_window,
+                sinks=self.sinks,
+                heads_first=True,
             )
         q = query[:n].contiguous()
         if md.decode is not None:

@@ -9,6 +9,16 @@ Layout (the same as vLLM's Triton backend, the default on Kunlun):
 Token ``i`` of a request lives at slot ``block_table[r, i // block_size] * block_size +
 i % block_size``.
 
+Per-layer features (``attend``'s keywords): logit soft-capping (Gemma 2: ``cap *
+tanh(s / cap)`` before the mask), a sliding window (query at position ``p`` sees keys
+``p - window < j <= p``, as transformers' sliding masks and vLLM's sliding-window KV
+manager count it) and attention sinks (gpt-oss: one learned logit per head that joins
+the softmax denominator and carries no value). A windowed layer gathers only the keys
+inside its window, from the first one the earliest query of each request can see, so
+blocks the sliding-window KV manager has freed (beyond the window) are never read.
+The two cache layouts of the plugin's backends are read alike: ``heads_first`` is the
+Kunlun backend's BHLD page ``[blocks, kv_heads, block, dim]``.
+
 A step's requests are split into groups (decodes, then prefills / chunked prefills, as
 vLLM orders them); each group is padded to its longest query and longest context, so the
 memory is ``requests x max_query x max_context`` per group. Index tensors are planned
@@ -18,9 +28,21 @@ to the host.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
+
+
+@dataclass
+class KVView:
+    """Which cache positions one group reads, and who may see them."""
+
+    kv_block: torch.Tensor
+    """[R, L] physical block of each gathered position (0 for padding)."""
+    kv_offset: torch.Tensor
+    """[R, L] offset inside the block."""
+    mask: torch.Tensor
+    """[R, Q, L] True where the query may attend to the key."""
 
 
 @dataclass
@@ -35,6 +57,44 @@ class GroupPlan:
     """[R, L] offset inside the block."""
     mask: torch.Tensor
     """[R, Q, L] True where the query may attend to the key (causal, in range)."""
+    q_abs: torch.Tensor
+    """[R, Q] position of each query in its sequence."""
+    context_lens: torch.Tensor
+    """[R] tokens cached before this step's first query."""
+    seq_lens: torch.Tensor
+    """[R] context + new tokens."""
+    block_table: torch.Tensor
+    """[R, max_blocks] the requests' block tables."""
+    block_size: int
+    max_query_len: int
+    max_seq_len: int
+    windows: dict[int, KVView] = field(default_factory=dict)
+    """Per sliding window, the view its layers read; planned by the first such layer."""
+
+    def view(self, window: int | None = None) -> KVView:
+        """The positions a layer with ``window`` (None: full attention) reads."""
+        if window is None or window >= self.max_seq_len:
+            return KVView(self.kv_block, self.kv_offset, self.mask)
+        found = self.windows.get(window)
+        if found is None:
+            found = self.windows[window] = _window_view(self, window)
+        return found
+
+
+def _window_view(group: GroupPlan, window: int) -> KVView:
+    """Keys ``first[r] .. first[r] + L - 1`` of request ``r``, where ``first[r]`` is the
+    first key its earliest query sees and ``L`` covers the last query's window."""
+    device = group.seq_lens.device
+    length = min(group.max_seq_len, group.max_query_len + window - 1)
+    first = (group.context_lens - window + 1).clamp(min=0)  # [R]
+    kv_pos = first[:, None] + torch.arange(length, device=device)[None, :]  # [R, L]
+    block_col = (kv_pos // group.block_size).clamp(max=group.block_table.shape[1] - 1)
+    kv_block = group.block_table.long().gather(1, block_col).clamp(min=0)
+    kv_offset = kv_pos % group.block_size
+    q = group.q_abs[:, :, None]
+    k = kv_pos[:, None, :]
+    mask = (k <= q) & (k > q - window) & (k < group.seq_lens.long()[:, None, None])
+    return KVView(kv_block, kv_offset, mask)
 
 
 @dataclass
@@ -80,7 +140,19 @@ def plan_group(
     )
     # Padded query rows may come out NaN (nothing to attend to); they only ever land
     # in the dummy row, which is dropped.
-    return GroupPlan(q_index=q_index, kv_block=kv_block, kv_offset=kv_offset, mask=mask)
+    return GroupPlan(
+        q_index=q_index,
+        kv_block=kv_block,
+        kv_offset=kv_offset,
+        mask=mask,
+        q_abs=abs_q_pos,
+        context_lens=context_lens,
+        seq_lens=seq_lens.long(),
+        block_table=block_table,
+        block_size=block_size,
+        max_query_len=max_query_len,
+        max_seq_len=max_seq_len,
+    )
 
 
 def plan_step(
@@ -155,28 +227,90 @@ def write_kv_cache(
 
 def attend_group(
     query: torch.Tensor,
-    kv_cache: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
     group: GroupPlan,
     scale: float,
     logits_soft_cap: float | None = None,
+    *,
+    window: int | None = None,
+    sinks: torch.Tensor | None = None,
+    heads_first: bool = False,
 ) -> torch.Tensor:
     """Attention for one group: returns [R, Q, num_heads, head_size] in float32.
 
-    ``query`` is [T + 1, num_heads, head_size] (the extra row is the dummy row).
+    ``query`` is [T + 1, num_heads, head_size] (the extra row is the dummy row);
+    ``key_cache`` / ``value_cache`` are ``[blocks, block, kv_heads, dim]`` pages, or
+    ``[blocks, kv_heads, block, dim]`` with ``heads_first``.
     """
-    num_kv_heads, head_size = kv_cache.shape[3], kv_cache.shape[4]
+    view = group.view(window)
+    num_kv_heads = key_cache.shape[1 if heads_first else 2]
+    head_size = key_cache.shape[3]
     q = query[group.q_index].float()  # [R, Q, H, D]
     r, nq_len, num_heads, _ = q.shape
     q = q.view(r, nq_len, num_kv_heads, num_heads // num_kv_heads, head_size)
-    k = kv_cache[group.kv_block, 0, group.kv_offset].float()  # [R, L, KH, D]
-    v = kv_cache[group.kv_block, 1, group.kv_offset].float()
+    if heads_first:  # the sliced head axis lands after the indexed [R, L] axes
+        k = key_cache[view.kv_block, :, view.kv_offset].float()  # [R, L, KH, D]
+        v = value_cache[view.kv_block, :, view.kv_offset].float()
+    else:
+        k = key_cache[view.kv_block, view.kv_offset].float()
+        v = value_cache[view.kv_block, view.kv_offset].float()
     scores = torch.einsum("rqkgd,rlkd->rkgql", q, k) * scale
     if logits_soft_cap:
         scores = logits_soft_cap * torch.tanh(scores / logits_soft_cap)
-    scores = scores.masked_fill(~group.mask[:, None, None], float("-inf"))
-    probs = torch.softmax(scores, dim=-1)
+    scores = scores.masked_fill(~view.mask[:, None, None], float("-inf"))
+    if sinks is None:
+        probs = torch.softmax(scores, dim=-1)
+    else:
+        # The sink is one more logit per head in the denominator, with no value.
+        sink = sinks.float().view(1, num_kv_heads, -1, 1, 1)
+        sink = sink.expand(*scores.shape[:-1], 1)
+        probs = torch.softmax(torch.cat([scores, sink], dim=-1), dim=-1)[..., :-1]
     out = torch.einsum("rkgql,rlkd->rqkgd", probs, v)
     return out.reshape(r, nq_len, num_heads, head_size)
+
+
+def attend(
+    query: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    plan: AttentionPlan,
+    output: torch.Tensor,
+    scale: float,
+    logits_soft_cap: float | None = None,
+    *,
+    window: int | None = None,
+    sinks: torch.Tensor | None = None,
+    heads_first: bool = False,
+) -> torch.Tensor:
+    """Fill ``output[:num_actual_tokens]`` ([T, num_heads, head_size]) and return it;
+    the caches as in ``attend_group``."""
+    n = plan.num_actual_tokens
+    num_heads, head_size = query.shape[1], query.shape[2]
+    # One extra row: padded query positions read from and write to it.
+    padded_q = torch.cat([query[:n], query.new_zeros(1, num_heads, head_size)])
+    result = torch.zeros(
+        n + 1, num_heads, head_size, dtype=output.dtype, device=output.device
+    )
+    for group in plan.groups:
+        out = attend_group(
+            padded_q,
+            key_cache,
+            value_cache,
+            group,
+            scale,
+            logits_soft_cap,
+            window=window,
+            sinks=sinks,
+            heads_first=heads_first,
+        )
+        result.index_copy_(
+            0,
+            group.q_index.reshape(-1),
+            out.reshape(-1, num_heads, head_size).to(result.dtype),
+        )
+    output[:n] = result[:n]
+    return output
 
 
 def paged_attention(
@@ -186,21 +320,20 @@ def paged_attention(
     output: torch.Tensor,
     scale: float,
     logits_soft_cap: float | None = None,
+    *,
+    window: int | None = None,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Fill ``output[:num_actual_tokens]`` ([T, num_heads, head_size]) and return it."""
-    n = plan.num_actual_tokens
-    num_heads, head_size = query.shape[1], query.shape[2]
-    # One extra row: padded query positions read from and write to it.
-    padded_q = torch.cat([query[:n], query.new_zeros(1, num_heads, head_size)])
-    result = torch.zeros(
-        n + 1, num_heads, head_size, dtype=output.dtype, device=output.device
+    """``attend`` over the portable backend's cache ``[blocks, 2, block, kv_heads,
+    dim]``."""
+    return attend(
+        query,
+        kv_cache[:, 0],
+        kv_cache[:, 1],
+        plan,
+        output,
+        scale,
+        logits_soft_cap,
+        window=window,
+        sinks=sinks,
     )
-    for group in plan.groups:
-        out = attend_group(padded_q, kv_cache, group, scale, logits_soft_cap)
-        result.index_copy_(
-            0,
-            group.q_index.reshape(-1),
-            out.reshape(-1, num_heads, head_size).to(result.dtype),
-        )
-    output[:n] = result[:n]
-    return output

@@ -69,7 +69,7 @@ def select_portable(attn_selector_config: Any) -> str:
     """The class path for ``--attention-backend CUSTOM`` (or host emulation's default).
 
     Registers the portable backend, then checks the layer against it so that what it
-    does not support (sinks, encoder attention, fp8 KV cache, ...) fails at model build
+    does not support (encoder attention, fp8 KV cache, ...) fails at model build
     with the reasons instead of deep inside a forward pass.
     """
     from vllm.utils.import_utils import resolve_obj_by_qualname
@@ -98,7 +98,7 @@ def select_kunlun(attn_selector_config: Any) -> tuple[str | None, str]:
     """(class path, why) of the Kunlun backend for this layer, or (None, why not).
 
     Not when ``kunlun_ops`` lacks one of its kernels or the layer is one the backend
-    refuses at selection (sinks, encoder attention, quantized KV cache, ...).
+    refuses at selection (encoder attention, quantized KV cache, ...).
     """
     from vllm.utils.import_utils import resolve_obj_by_qualname
 

@@ -24,8 +24,6 @@ SUPPORTED = (
     "static per tensor)"
 )
 _FIX = "Serve a W8A8-INT8 compressed-tensors checkpoint or the unquantized model."
-
-
 FP8_DEQUANTIZE = (
     " FP8 checkpoints as DeepSeek releases them (DeepSeek-V3 / V3.1 / R1: e4m3 weights "
     "with 128 x 128 block scales) must be dequantized to BF16 first: the DeepSeek-V3 "
@@ -34,6 +32,15 @@ FP8_DEQUANTIZE = (
     "config.json without its quantization_config), or serve a BF16 or W8A8-INT8 "
     "release of the model."
 )
+# Per method, how to get the unquantized model where none is released.
+_HOW = {
+    "mxfp4": (
+        " gpt-oss ships MXFP4 experts only: dequantize them to bf16 once with "
+        "transformers (from_pretrained(..., quantization_config=Mxfp4Config("
+        "dequantize=True)), then save_pretrained) and serve that directory."
+    ),
+    "fp8": FP8_DEQUANTIZE,
+}
 
 
 def refuse_method(quant: str | None, where: str) -> None:
@@ -42,7 +49,7 @@ def refuse_method(quant: str | None, where: str) -> None:
         return
     raise ValueError(
         f"{quant} quantization cannot run {where}: vllm-kunlun serves only "
-        f"{SUPPORTED}. {_FIX}{FP8_DEQUANTIZE if quant == 'fp8' else ''}"
+        f"{SUPPORTED}. {_FIX}{_HOW.get(quant, '')}"
     )
 
 
