@@ -258,6 +258,16 @@ REGISTRY: tuple[RuntimePatch, ...] = (
         "the validated vLLM maps Qwen3.5 to an MTP draft model",
     ),
     RuntimePatch(
+        "composite_tied_embeddings",
+        "vllm_kunlun.models.text_config_compat",
+        ("vllm.config.model.get_hf_text_config",),
+        "transformers 5.2.0 keeps tie_word_embeddings on a composite's top level "
+        "(Qwen2-VL, Qwen2.5-VL, Qwen3-VL, GLM-4V text configs lack it) and vLLM reads "
+        "it from the text config: AttributeError at model init",
+        _FRONT,
+        "the validated vLLM reads tie_word_embeddings from the composite config",
+    ),
+    RuntimePatch(
         "kunlun_ray_placement_wait",
         "vllm_kunlun.platforms.ray_patches",
         ("vllm.v1.executor.ray_utils._wait_until_pg_ready",),
