@@ -3,7 +3,7 @@ checkpoints as transformers 5.2.0 writes them (tests/integration/qwen_vl_checkpo
 greedy, token for token equal to transformers' ``...ForConditionalGeneration`` with its
 own processor on the same prompts and pixels: with images, and text only.
 
-Without the plugin's ``composite_tied_embeddings`` fix both fail at model init
+Without the plugin's ``transformers5_config_fields`` fix both fail at model init
 (``AttributeError: '...TextConfig' object has no attribute 'tie_word_embeddings'``,
 issue 42). Two engines (module-scoped, engine core in the runner's interpreter), each
 followed by transformers' reference in the same interpreter:

@@ -1,7 +1,7 @@
-"""Runtime patch ``composite_tied_embeddings``: a composite's text config carries the
-composite's ``tie_word_embeddings``.
+"""Runtime patch ``transformers5_config_fields``: the config fields vLLM 0.15.1 reads
+that a config written by transformers 5.2.0 no longer has.
 
-Why: transformers 5.2.0 keeps ``tie_word_embeddings`` on the top level of a composite
+Why, 1: transformers 5.2.0 keeps ``tie_word_embeddings`` on the top level of a composite
 (vision-language) config and decides the tying there (``PreTrainedModel`` reads
 ``self.config.tie_word_embeddings`` of the ``...ForConditionalGeneration``, whose config
 is the composite; Llava-style configs even lift an old ``text_config`` flag to the top
@@ -15,13 +15,19 @@ A text config that does declare its own flag (Qwen3.5's) can disagree with the t
 level; transformers serves the top level, so the plugin's models must too (else the
 checkpoint guard refuses ``lm_head.weight`` that has no place, or an ``lm_head`` never
 loaded).
+Why, 2: transformers 5.2.0's ``BertConfig`` / ``RobertaConfig`` / ``XLMRobertaConfig``
+dropped ``position_embedding_type`` (their models implement absolute positions only), and
+vLLM's ``XLMRobertaModel`` config check reads it unguarded
+(``JinaRobertaModelConfig``): a BGE-M3-class checkpoint saved by 5.2.0 fails at
+engine start with ``AttributeError``. Hub files written by older versions carry the field.
 How: ``vllm.config.model.get_hf_text_config`` (what ``ModelConfig.__post_init__`` calls
 to pick the text config) first copies the composite's flag onto its text config when the
-two are different objects and the composite has the flag. The config objects travel to
-the engine core and workers pickled, with the flag set. Text-only configs are untouched.
+two are different objects and the composite has the flag, and gives a BERT-family config
+without ``position_embedding_type`` the value ``"absolute"`` (what 5.2.0's models do).
+Both run before vLLM's per-architecture config checks. The config objects travel to the
+engine core and workers pickled, with the fields set. Other configs are untouched.
 Applied where engine arguments become a config (``Phase.FRONT_END``). Removal: when the
-validated vLLM reads the flag from the composite (or transformers puts it back on the
-text config).
+validated vLLM reads the flag from the composite and guards ``position_embedding_type``.
 """
 
 from __future__ import annotations
@@ -38,9 +44,29 @@ from vllm_kunlun.patching.attribute import (
 
 logger = init_logger(__name__)
 
-NAME = "composite_tied_embeddings"
+NAME = "transformers5_config_fields"
 MODULE = "vllm.config.model"
 FLAG = "tie_word_embeddings"
+POSITIONS = "position_embedding_type"
+# model types whose 5.2.0 config lost POSITIONS (absolute positions only)
+ABSOLUTE_POSITIONS = ("bert", "roberta", "xlm-roberta")
+
+
+def absolute_positions(hf_config: Any) -> bool:
+    """Give a BERT-family config without ``position_embedding_type`` the value
+    ``"absolute"``; True when it did."""
+    if getattr(hf_config, "model_type", None) not in ABSOLUTE_POSITIONS:
+        return False
+    if hasattr(hf_config, POSITIONS):
+        return False
+    setattr(hf_config, POSITIONS, "absolute")
+    logger.info_once(
+        "vllm-kunlun: %s has no %s (transformers 5 implements absolute positions "
+        "only); vLLM reads it, so it is 'absolute'",
+        type(hf_config).__name__,
+        POSITIONS,
+    )
+    return True
 
 
 def carry_tie_flag(hf_config: Any) -> bool:
@@ -86,6 +112,7 @@ def _check(module: ModuleType, original: Any) -> str | None:
 def _make(original: Any) -> Any:
     def get_hf_text_config(config: Any) -> Any:
         carry_tie_flag(config)
+        absolute_positions(config)
         return original(config)
 
     get_hf_text_config.__wrapped__ = original  # type: ignore[attr-defined]
@@ -100,7 +127,7 @@ def apply() -> bool:
     checkpoints as it does without the plugin)."""
     return PATCH.apply_or_warn(
         "composite checkpoints whose text config lacks tie_word_embeddings fail at "
-        "model init"
+        "model init, BERT-family ones without position_embedding_type at engine start"
     )
 
 

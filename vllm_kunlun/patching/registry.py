@@ -258,14 +258,16 @@ REGISTRY: tuple[RuntimePatch, ...] = (
         "the validated vLLM maps Qwen3.5 to an MTP draft model",
     ),
     RuntimePatch(
-        "composite_tied_embeddings",
+        "transformers5_config_fields",
         "vllm_kunlun.models.text_config_compat",
         ("vllm.config.model.get_hf_text_config",),
         "transformers 5.2.0 keeps tie_word_embeddings on a composite's top level "
-        "(Qwen2-VL, Qwen2.5-VL, Qwen3-VL, GLM-4V text configs lack it) and vLLM reads "
-        "it from the text config: AttributeError at model init",
+        "(Qwen2-VL, Qwen2.5-VL, Qwen3-VL, GLM-4V text configs lack it) and drops "
+        "position_embedding_type from BERT / XLM-R configs; vLLM reads both: "
+        "AttributeError at model init / engine start",
         _FRONT,
-        "the validated vLLM reads tie_word_embeddings from the composite config",
+        "the validated vLLM reads tie_word_embeddings from the composite config and "
+        "guards position_embedding_type",
     ),
     RuntimePatch(
         "qwen2_vl_pixel_bounds",

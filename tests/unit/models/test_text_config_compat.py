@@ -1,11 +1,12 @@
-"""composite_tied_embeddings: a composite config's ``tie_word_embeddings`` reaches the
-text config vLLM builds the language model on (vllm_kunlun/models/text_config_compat.py).
+"""transformers5_config_fields: a composite config's ``tie_word_embeddings`` reaches the
+text config vLLM builds the language model on, and a BERT-family config gets the
+``position_embedding_type`` 5.2.0 dropped (vllm_kunlun/models/text_config_compat.py).
 
 Each family's config is written by transformers 5.2.0's own config class
 (``save_pretrained``) and read back the way vLLM reads it (``AutoConfig``), then passed
 through ``vllm.config.model.get_hf_text_config``, the name ``ModelConfig.__post_init__``
 calls. The end-to-end proof (model init and greedy tokens) is
-tests/integration/test_e2e_qwen_vl.py.
+tests/integration/test_e2e_qwen_vl.py and (XLM-R) test_e2e_pooling.py.
 """
 
 from __future__ import annotations
@@ -131,3 +132,27 @@ def test_agreeing_flags_change_nothing(tmp_path: Path) -> None:
 
 def test_patch_matches_the_installed_vllm() -> None:
     assert T.PATCH.mismatch() is None
+
+
+@pytest.mark.parametrize(
+    "cls_name", ["BertConfig", "RobertaConfig", "XLMRobertaConfig"]
+)
+def test_bert_family_gets_absolute_positions(
+    applied: None, tmp_path: Path, cls_name: str
+) -> None:
+    hf = _saved(tmp_path, cls_name, **TEXT)
+    assert not hasattr(hf, "position_embedding_type")  # dropped in 5.2.0
+    vllm_model_config.get_hf_text_config(hf)
+    assert hf.position_embedding_type == "absolute"
+    # vLLM's XLMRobertaModel config check reads it unguarded
+    from vllm.model_executor.models.config import JinaRobertaModelConfig
+
+    model_config = type("M", (), {"hf_config": hf})
+    JinaRobertaModelConfig.verify_and_update_model_config(model_config)  # type: ignore[arg-type]
+
+
+def test_a_saved_position_type_is_kept(applied: None, tmp_path: Path) -> None:
+    hf = _saved(tmp_path, "XLMRobertaConfig", **TEXT)
+    hf.position_embedding_type = "rotary"
+    assert T.absolute_positions(hf) is False
+    assert hf.position_embedding_type == "rotary"
