@@ -35,12 +35,12 @@ _BOUNDS = (("min_pixels", "shortest_edge"), ("max_pixels", "longest_edge"))
 def fill_pixel_bounds(processor: Any) -> bool:
     """Set ``min_pixels`` / ``max_pixels`` from ``size`` where they are None; True
     when it set one."""
-    size = getattr(processor, "size", None)
+    getter = getattr(getattr(processor, "size", None), "get", None)
     changed = False
     for attr, key in _BOUNDS:
         if getattr(processor, attr, None) is not None:
             continue
-        value = size.get(key) if hasattr(size, "get") else None
+        value = getter(key) if callable(getter) else None
         if value is None:
             continue
         setattr(processor, attr, int(value))

@@ -156,3 +156,41 @@ def test_a_saved_position_type_is_kept(applied: None, tmp_path: Path) -> None:
     hf.position_embedding_type = "rotary"
     assert T.absolute_positions(hf) is False
     assert hf.position_embedding_type == "rotary"
+
+
+def _composites_missing_the_flag() -> dict[str, str]:
+    """vLLM 0.15.1's registry walked against transformers 5.2.0: every architecture
+    whose transformers config (defaults) is a composite with the flag on the top level
+    and a text config without it -> its model type."""
+    import warnings
+
+    from transformers import CONFIG_MAPPING
+    from transformers.models.auto import modeling_auto
+    from vllm.model_executor.models.registry import _VLLM_MODELS
+
+    model_type: dict[str, str] = {}
+    for name in dir(modeling_auto):
+        table = getattr(modeling_auto, name)
+        if name.endswith("_MAPPING_NAMES") and isinstance(table, dict):
+            for mt, archs in table.items():
+                for arch in archs if isinstance(archs, (list, tuple)) else [archs]:
+                    model_type.setdefault(arch, mt)
+    found = {}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for arch in _VLLM_MODELS:
+            mt = model_type.get(arch)
+            if mt not in CONFIG_MAPPING:
+                continue
+            hf = CONFIG_MAPPING[mt]()
+            text = hf.get_text_config()
+            if text is not hf and T.FLAG in vars(hf) and T.FLAG not in vars(text):
+                found[arch] = mt
+    return found
+
+
+def test_the_registry_walk_finds_the_families_this_file_tests() -> None:
+    # A new vLLM or transformers that changes the list fails here (docs/models.md,
+    # "transformers 5.2.0 configs").
+    found = _composites_missing_the_flag()
+    assert set(found.values()) == set(FAMILIES), found
