@@ -3,7 +3,9 @@
 Why: host emulation has no usable attention backend (vLLM's CPU_ATTN needs ``vllm._C``),
 and a CUDA-compatible device without vendor kernels needs one that runs anywhere. This
 backend covers decoder-only causal attention with GQA, chunked prefill and prefix
-caching; anything else is refused when the layer is built, with the reason.
+caching, and encoder-only attention of pooling models (bidirectional, no KV cache:
+``encoder_portable.py``); anything else is refused when the layer is built, with the
+reason.
 
 vLLM knows out-of-tree backends only as ``AttentionBackendEnum.CUSTOM``; the layer maps
 ``get_name()`` back to the enum, so the name is ``CUSTOM`` (see ``__init__.py``).
