@@ -1,7 +1,7 @@
 """End to end in host emulation: vLLM 0.15.1's own Qwen2.5-VL and Qwen3-VL models on
 checkpoints as transformers 5.2.0 writes them (tests/integration/qwen_vl_checkpoint.py),
 greedy, token for token equal to transformers' ``...ForConditionalGeneration`` with its
-own processor on the same prompts and pixels: with images, and text only.
+own processor on the same prompts and pixels: with images, a video, and text only.
 
 Without the plugin's ``transformers5_config_fields`` fix both fail at model init
 (``AttributeError: '...TextConfig' object has no attribute 'tie_word_embeddings'``,
@@ -28,11 +28,12 @@ pytestmark = pytest.mark.slow
 
 TOKENS = 8
 IMAGE = "<|vision_start|><|image_pad|><|vision_end|>"
+VIDEO = "<|vision_start|><|video_pad|><|vision_end|>"
 VISION_ARGS = {
     **LLM_ARGS,
     "enable_prefix_caching": False,
     "max_num_batched_tokens": 256,
-    "limit_mm_per_prompt": {"image": 2, "video": 0},
+    "limit_mm_per_prompt": {"image": 2, "video": 1},
 }
 
 
@@ -56,6 +57,13 @@ JOBS = [
                 f"you : {IMAGE} and {IMAGE} which one is red ?\ni :",
                 [[32, 32, 2], [64, 48, 3]],
             )
+        ],
+    },
+    {
+        # four frames of 32x32 (two temporal patches), frame timing from the metadata
+        "name": "video",
+        "requests": [
+            {**vreq(f"you : {VIDEO} what happens ?\ni :"), "video": [4, 32, 32, 3]}
         ],
     },
     {
@@ -94,7 +102,16 @@ def run(
 
 
 @pytest.mark.parametrize("job", [j["name"] for j in JOBS])
-def test_greedy_matches_transformers_token_for_token(run: dict, job: str) -> None:
+def test_greedy_matches_transformers_token_for_token(
+    run: dict, job: str, request: pytest.FixtureRequest
+) -> None:
+    if (run["family"], job) == ("qwen2_5_vl", "video"):
+        # Same prompt tokens, same first three tokens, then vLLM's Qwen2.5-VL departs
+        # from transformers (a 0.23 logit margin at the fourth: not rounding); images
+        # and Qwen3-VL's video agree. Not found yet (docs/models.md).
+        request.applymarker(
+            pytest.mark.xfail(strict=True, reason="Qwen2.5-VL video: docs/models.md")
+        )
     ours, ref = run["jobs"][job], run["hf_vl"][job]
     assert [r["prompt_token_ids"] for r in ours] == [
         r["prompt_token_ids"] for r in ref
