@@ -164,6 +164,8 @@ LONGEST_FIRST = (
     "test_serve_structured.py",
     "test_e2e_mtp_w8a8.py",
     "test_e2e_mtp.py",
+    "test_e2e_qwen_vl.py",
+    "test_e2e_pooling.py",
 )
 
 

@@ -82,6 +82,7 @@ class Case:
     shape: dict[str, tuple[int, ...]] = field(default_factory=dict)
     quant: dict[str, Any] | None = None
     config: dict[str, Any] = field(default_factory=dict)
+    text_config: dict[str, Any] = field(default_factory=dict)  # merged into it
     # What the refusal must say (each string), or () for a checkpoint that must load.
     expect: tuple[str, ...] = ()
 
@@ -95,6 +96,19 @@ CASES: dict[str, Case] = {
     # Tied embeddings: no lm_head tensor, and none is needed.
     "qwen3_tied_ok": Case(
         "qwen3", drop=("lm_head.weight",), config={"tie_word_embeddings": True}
+    ),
+    # A composite whose two flags disagree: transformers 5.2.0 ties by the top level
+    # (issue 40, item 12; models/text_config_compat.py), and so must the plugin.
+    "qwen3_5_composite_tied_on_top_ok": Case(
+        "qwen3_5_composite",
+        drop=("lm_head.weight",),
+        config={"tie_word_embeddings": True},
+        text_config={"tie_word_embeddings": False},
+    ),
+    "qwen3_5_composite_tied_in_text_only_ok": Case(
+        "qwen3_5_composite",
+        config={"tie_word_embeddings": False},
+        text_config={"tie_word_embeddings": True},
     ),
     # --- the issue's rows --------------------------------------------------------------
     "w8a8_missing_scale": Case(
@@ -242,10 +256,11 @@ def write_case(case: Case, directory: Path) -> Path:
     for name, shape in case.shape.items():
         tensors[name] = torch.zeros(shape, dtype=tensors[name].dtype)
     save_file(tensors, str(out / WEIGHTS), metadata={"format": "pt"})
-    if case.quant is not None or case.config:
+    if case.quant is not None or case.config or case.text_config:
         path = out / "config.json"
         config = json.loads(path.read_text())
         config.update(case.config)
+        config.get("text_config", {}).update(case.text_config)
         if case.quant is not None:
             config["quantization_config"] = case.quant
         path.write_text(json.dumps(config, indent=2))

@@ -258,6 +258,28 @@ REGISTRY: tuple[RuntimePatch, ...] = (
         "the validated vLLM maps Qwen3.5 to an MTP draft model",
     ),
     RuntimePatch(
+        "transformers5_config_fields",
+        "vllm_kunlun.models.text_config_compat",
+        ("vllm.config.model.get_hf_text_config",),
+        "transformers 5.2.0 keeps tie_word_embeddings on a composite's top level "
+        "(Qwen2-VL, Qwen2.5-VL, Qwen3-VL, GLM-4V text configs lack it) and drops "
+        "position_embedding_type from BERT / XLM-R configs; vLLM reads both: "
+        "AttributeError at model init / engine start",
+        _FRONT,
+        "the validated vLLM reads tie_word_embeddings from the composite config and "
+        "guards position_embedding_type",
+    ),
+    RuntimePatch(
+        "qwen2_vl_pixel_bounds",
+        "vllm_kunlun.models.qwen2_vl_pixels",
+        ("vllm.model_executor.models.qwen2_vl.Qwen2VLProcessingInfo._get_vision_info",),
+        "transformers 5.2.0's Qwen2-VL image processors keep min / max pixels in size "
+        "and leave min_pixels / max_pixels None, which vLLM reads: Qwen2-VL and "
+        "Qwen2.5-VL engines fail with a TypeError while profiling",
+        (Phase.FRONT_END, Phase.MODEL_PROCESS),
+        "the validated vLLM reads the Qwen2-VL image processor's size",
+    ),
+    RuntimePatch(
         "kunlun_ray_placement_wait",
         "vllm_kunlun.platforms.ray_patches",
         ("vllm.v1.executor.ray_utils._wait_until_pg_ready",),

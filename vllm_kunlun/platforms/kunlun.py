@@ -168,6 +168,15 @@ class KunlunPlatformBase(Platform):
                     why,
                 )
                 return path
+            if attn_selector_config.attn_type == "encoder_only":  # AttentionType
+                # The vendor kernels are causal and paged (encoder_portable.py).
+                from vllm_kunlun.ops.attention.select import select_portable
+
+                logger.info_once(
+                    "vllm-kunlun: encoder-only attention on the portable backend: %s",
+                    why,
+                )
+                return select_portable(attn_selector_config)
             logger.warning_once(
                 "vllm-kunlun: the Kunlun attention backend is not used: %s; default "
                 "%s instead",

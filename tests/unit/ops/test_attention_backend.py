@@ -86,7 +86,7 @@ def test_kunlun_takes_portable_only_by_explicit_choice() -> None:
 @pytest.mark.parametrize(
     ("config", "reason"),
     [
-        (selector(attn_type=AttentionType.ENCODER_ONLY), "attention type"),
+        (selector(attn_type=AttentionType.ENCODER_DECODER), "attention type"),
         (selector(kv_cache_dtype="fp8"), "kv_cache_dtype"),
         (selector(dtype=torch.float64), "dtype"),
     ],
@@ -140,3 +140,10 @@ def test_warm_up_run_without_metadata_returns_zeros() -> None:
     assert result is out
     assert torch.equal(out, torch.zeros_like(out))
     assert torch.equal(kv_cache, before)  # nothing written during warm-up
+
+
+def test_portable_serves_encoder_only_layers() -> None:
+    # Pooling encoders (BERT, XLM-R): bidirectional, no KV cache (encoder_portable.py).
+    sel = selector(attn_type=AttentionType.ENCODER_ONLY)
+    assert attention.select_portable(sel) == attention.PORTABLE_BACKEND_PATH
+    assert impl(attn_type=AttentionType.ENCODER_ONLY).attn_type == "encoder_only"

@@ -413,6 +413,17 @@ def test_kunlun_defaults_to_the_vendor_backend_when_the_kernels_exist(
     )
 
 
+def test_kunlun_serves_encoder_only_layers_on_the_portable_backend(
+    fake_ops: Any, clean_custom_slot: None
+) -> None:
+    # The vendor kernels are causal and paged; the reason is logged once.
+    sel = selector(attn_type=AttentionType.ENCODER_ONLY)
+    assert attention.select_kunlun(sel)[0] is None
+    assert KunlunPlatform.get_attn_backend_cls(None, sel) == (
+        attention.PORTABLE_BACKEND_PATH
+    )
+
+
 def test_kunlun_falls_back_to_triton_with_the_reason(
     fake_ops: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -4,8 +4,9 @@ Why: host emulation has no usable attention backend (vLLM's CPU_ATTN needs ``vll
 and a CUDA-compatible device without vendor kernels needs one that runs anywhere. This
 backend covers decoder-only causal attention with GQA, chunked prefill and prefix
 caching, per-layer sliding windows (with vLLM's sliding-window KV manager), logit
-soft-capping and attention sinks; anything else is refused when the layer is built,
-with the reason.
+soft-capping and attention sinks, and encoder-only attention of pooling models
+(bidirectional, no KV cache: ``encoder_portable.py``); anything else is refused
+when the layer is built, with the reason.
 
 vLLM knows out-of-tree backends only as ``AttentionBackendEnum.CUSTOM``; the layer maps
 ``get_name()`` back to the enum, so the name is ``CUSTOM`` (see ``__init__.py``).
@@ -19,12 +20,14 @@ from typing import Any, ClassVar
 import torch
 from vllm.v1.attention.backend import (
     AttentionMetadata,
+    AttentionType,
     CommonAttentionMetadata,
     MultipleOf,
 )
 from vllm.v1.attention.backends.utils import split_decodes_and_prefills
 
 from vllm_kunlun.logger import init_logger
+from vllm_kunlun.ops.attention import encoder_portable as encoder
 from vllm_kunlun.ops.attention import paged_portable as paged
 from vllm_kunlun.ops.attention.common import (
     DecodesFirstMetadataBuilder,
@@ -46,7 +49,7 @@ class PortableAttentionMetadata(AttentionMetadata):
     seq_lens: torch.Tensor
     block_table: torch.Tensor
     slot_mapping: torch.Tensor
-    plan: paged.AttentionPlan
+    plan: paged.AttentionPlan | encoder.EncoderPlan
 
 
 class PortableAttentionMetadataBuilder(
@@ -61,6 +64,8 @@ class PortableAttentionMetadataBuilder(
         fast_build: bool = False,
     ) -> PortableAttentionMetadata:
         m = common_attn_metadata
+        if not m.causal:  # encoder-only layers, no KV cache (encoder_portable.py)
+            return self._encoder_metadata(m)
         num_decodes, _, _, _ = split_decodes_and_prefills(
             m, decode_threshold=self.reorder_batch_threshold or 1
         )
@@ -86,8 +91,27 @@ class PortableAttentionMetadataBuilder(
             plan=plan,
         )
 
+    def _encoder_metadata(
+        self, m: CommonAttentionMetadata
+    ) -> PortableAttentionMetadata:
+        plan = encoder.plan_encoder(
+            m.query_start_loc[: m.num_reqs + 1], m.max_query_len, m.num_actual_tokens
+        )
+        return PortableAttentionMetadata(
+            num_actual_tokens=m.num_actual_tokens,
+            max_query_len=m.max_query_len,
+            max_seq_len=m.max_seq_len,
+            query_start_loc=m.query_start_loc,
+            seq_lens=m.seq_lens,
+            block_table=m.block_table_tensor,
+            slot_mapping=m.slot_mapping,
+            plan=plan,
+        )
+
 
 class PortableAttentionBackend(PluginAttentionBackend):
+    ATTN_TYPES = (AttentionType.DECODER, AttentionType.ENCODER_ONLY)
+
     @staticmethod
     def get_supported_kernel_block_sizes() -> list[int | MultipleOf]:
         # Pages are indexed by slot arithmetic (paged_portable.py): every block size works, so
@@ -115,8 +139,9 @@ class PortableAttentionBackend(PluginAttentionBackend):
 
 class PortableAttentionImpl(PluginAttentionImpl[PortableAttentionMetadata]):
     DISPLAY_NAME = DISPLAY_NAME
+    ATTN_TYPES = PortableAttentionBackend.ATTN_TYPES
     WHY: ClassVar[dict[str, str]] = {
-        "attn_type": "It handles decoder-only causal attention with GQA.",
+        "attn_type": "It handles decoder and encoder-only attention with GQA.",
         "alibi": "Serve a RoPE model or pick another backend.",
         "kv_cache_dtype": "Use --kv-cache-dtype auto.",
     }
@@ -135,6 +160,10 @@ class PortableAttentionImpl(PluginAttentionImpl[PortableAttentionMetadata]):
         output: torch.Tensor,
     ) -> torch.Tensor:
         plan = attn_metadata.plan
+        if isinstance(plan, encoder.EncoderPlan):  # no KV cache
+            return encoder.encoder_attention(
+                query, key, value, plan, output, self.scale, self.logits_soft_cap
+            )
         if self.kv_sharing_target_layer_name is None and key is not None:
             paged.write_kv_cache(key, value, kv_cache, plan.slot_mapping)
         return paged.paged_attention(

@@ -56,9 +56,12 @@ class PluginAttentionBackend(AttentionBackend):
     def use_cascade_attention(*args: Any, **kwargs: Any) -> bool:
         return False
 
+    # the attention types a backend serves (the portable one adds ENCODER_ONLY)
+    ATTN_TYPES: ClassVar[tuple[str, ...]] = (AttentionType.DECODER,)
+
     @classmethod
     def supports_attn_type(cls, attn_type: str) -> bool:
-        return attn_type == AttentionType.DECODER
+        return attn_type in cls.ATTN_TYPES
 
     @classmethod
     def supports_sink(cls) -> bool:
@@ -102,6 +105,7 @@ class PluginAttentionImpl(AttentionImpl[M]):
 
     DISPLAY_NAME: ClassVar[str]
     WHY: ClassVar[dict[str, str]]
+    ATTN_TYPES: ClassVar[tuple[str, ...]] = (AttentionType.DECODER,)
 
     @classmethod
     def refusal(cls, what: str, why: str) -> NotImplementedError:
@@ -123,7 +127,8 @@ class PluginAttentionImpl(AttentionImpl[M]):
         **extra: Any,
     ) -> None:
         why = self.WHY
-        if attn_type != AttentionType.DECODER:
+        self.attn_type = attn_type
+        if attn_type not in self.ATTN_TYPES:
             kind = getattr(attn_type, "value", attn_type)
             raise self.refusal(f"{kind} attention", why["attn_type"])
         if sliding_window is not None and sliding_window < 1:

@@ -86,7 +86,8 @@ def select_portable(attn_selector_config: Any) -> str:
             "The vllm-kunlun portable attention backend (CUSTOM) cannot serve this "
             f"layer: {', '.join(reasons)} ({attn_selector_config!r}). It handles "
             "decoder-only causal "
-            "attention with GQA, kv_cache_dtype auto, float16/bfloat16/float32."
+            "and encoder-only attention with GQA, kv_cache_dtype auto, "
+            "float16/bfloat16/float32."
         )
     init_logger(__name__).info_once(
         "vllm-kunlun: attention backend CUSTOM = portable paged attention (torch)"
