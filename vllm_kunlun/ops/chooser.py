@@ -86,7 +86,10 @@ CUSTOM_OPS = Family("CustomOp", None, caller_warns=True)
 ATTENTION = Family("attention", None)
 # No switch: vendor bgmv where the policy wants vendor kernels, else portable.
 LORA = Family("LoRA", None)
-FAMILIES = (SAMPLING, INT8_MM, GDN, MOE, CUSTOM_OPS, ATTENTION, LORA)
+# No switch: vendor gptq_gemm for symmetric weight-only layers where the policy wants
+# vendor kernels, else portable (ops/int4/seam.py).
+WNA16_MM = Family("weight-only int linear", None)
+FAMILIES = (SAMPLING, INT8_MM, GDN, MOE, CUSTOM_OPS, ATTENTION, LORA, WNA16_MM)
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,7 @@
 """Which quantized checkpoints a vllm-kunlun platform runs, refused at engine start.
 
-Why: the plugin brings one quantized kernel, W8A8-INT8 (``int8_kernel.py``). vLLM
+Why: the plugin brings two quantized kernels, W8A8-INT8 (``int8_kernel.py``) and
+weight-only integer W4A16 / W8A16 (``ops/int4/wna16_kernel.py``). vLLM
 0.15.1 lets an out-of-tree platform configure any quantization method, and then fails
 far from the cause: an FP8 config on the host dies with "Found no NVIDIA driver" while
 the model is built, a compressed-tensors FP8 or 4-bit scheme in a kernel that is not
@@ -9,7 +10,9 @@ method) lets only ``compressed-tensors`` through; ``refuse_schemes`` (from the
 platforms' ``check_and_update_config``, once vLLM built the quantization config) lets
 through only the groups vLLM itself would serve with ``CompressedTensorsW8A8Int8``
 (its own ``_is_static_tensor_w8a8`` / ``_is_dynamic_token_w8a8`` tests, int weights and
-activations), no KV-cache scheme and no sparsity. Each refusal names the scheme and
+activations) or with ``CompressedTensorsWNA16`` in the ``pack-quantized`` format (its
+``_is_wNa16_group_channel`` test, 4 or 8 int bits, no activation order by group), no
+KV-cache scheme and no sparsity. Each refusal names the scheme and
 what is supported. Removal: when the platform runs more schemes (add them here).
 """
 
@@ -21,9 +24,15 @@ SUPPORTED_METHOD = "compressed-tensors"
 SUPPORTED = (
     "compressed-tensors W8A8-INT8 (llm-compressor's W8A8 preset: 8-bit symmetric int "
     "weights per channel or per tensor, 8-bit int activations dynamic per token or "
-    "static per tensor)"
+    "static per tensor) and compressed-tensors W4A16 / W8A16 (format pack-quantized: "
+    "4- or 8-bit int weights per group or per channel, symmetric or with zero points, "
+    "float activations)"
 )
-_FIX = "Serve a W8A8-INT8 compressed-tensors checkpoint or the unquantized model."
+_FIX = (
+    "Serve a W8A8-INT8 or pack-quantized W4A16 compressed-tensors checkpoint or the "
+    "unquantized model."
+)
+WNA16_BITS = (4, 8)
 
 
 def refuse_method(quant: str | None, where: str) -> None:
@@ -44,6 +53,23 @@ def _describe(args: Any) -> str:
     dynamic = "dynamic" if args.dynamic else "static"
     symmetric = "symmetric" if args.symmetric else "asymmetric"
     return f"{args.num_bits}-bit {kind} {strategy} {dynamic} {symmetric}"
+
+
+def is_served_wna16(weights: Any, inputs: Any, fmt: str | None) -> bool:
+    """A weight-only group that ``KunlunWNA16LinearKernel`` serves."""
+    from vllm.model_executor.layers.quantization.compressed_tensors.compressed_tensors import (
+        CompressedTensorsConfig,
+    )
+
+    actorder = getattr(weights, "actorder", None)
+    return (
+        weights is not None
+        and fmt == "pack-quantized"
+        and getattr(weights.type, "value", weights.type) == "int"
+        and weights.num_bits in WNA16_BITS
+        and getattr(actorder, "value", actorder) != "group"
+        and CompressedTensorsConfig._is_wNa16_group_channel(weights, inputs)
+    )
 
 
 def unsupported_schemes(quant_config: Any) -> list[str]:
@@ -69,7 +95,8 @@ def unsupported_schemes(quant_config: Any) -> list[str]:
                 or CompressedTensorsConfig._is_dynamic_token_w8a8(weights, inputs)
             )
         )
-        if not int8:
+        fmt = group.get("format") or quant_config.quant_format
+        if not int8 and not is_served_wna16(weights, inputs, fmt):
             found.append(
                 f"layers {targets!r}: weights {_describe(weights)}, activations "
                 f"{_describe(inputs)}"

@@ -1,0 +1,160 @@
+"""Turn the tiny Qwen3 into a compressed-tensors W4A16 ``pack-quantized`` checkpoint.
+
+Why: the tests, the demo and the benchmarks need a 4-bit weight-only checkpoint without
+llm-compressor or a download. How: with compressed-tensors' own tooling, as
+llm-compressor writes such checkpoints: the min-max observer's quantization parameters
+(``calculate_qparams``) and ``PackedQuantizationCompressor.compress_weight`` (signed
+values offset to unsigned, eight 4-bit values per int32 along the input dimension,
+zero points packed along the output dimension). The scales are rounded to the model
+dtype first, so the stored scale is the one the values were quantized with. Two
+config groups cover both strategies in one checkpoint: the attention projections per
+group of ``GROUP_SIZE`` input features, symmetric; the MLP projections per output
+channel, with zero points. ``lm_head`` stays float. Only torch, safetensors and
+compressed-tensors (a vLLM dependency) are needed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+ATTENTION = r"model\.layers\.\d+\.self_attn\.\w+_proj\.weight"
+MLP = r"model\.layers\.\d+\.mlp\.\w+_proj\.weight"
+GROUP_SIZE = 32
+
+
+def weight_args(strategy: str, symmetric: bool, group_size: int | None) -> dict:
+    return {
+        "num_bits": 4,
+        "type": "int",
+        "symmetric": symmetric,
+        "strategy": strategy,
+        "group_size": group_size,
+        "dynamic": False,
+        "actorder": None,
+        "block_structure": None,
+        "observer": "minmax",
+        "observer_kwargs": {},
+    }
+
+
+def w4a16_config(group_size: int = GROUP_SIZE) -> dict:
+    """The ``quantization_config``: attention per group (symmetric), MLP per channel
+    (asymmetric), float activations."""
+    return {
+        "quant_method": "compressed-tensors",
+        "format": "pack-quantized",
+        "quantization_status": "compressed",
+        "config_groups": {
+            "group_0": {
+                "targets": [r"re:.*self_attn\.(q|k|v|o)_proj$"],
+                "weights": weight_args("group", True, group_size),
+                "input_activations": None,
+                "output_activations": None,
+            },
+            "group_1": {
+                "targets": [r"re:.*mlp\.(gate|up|down)_proj$"],
+                "weights": weight_args("channel", False, None),
+                "input_activations": None,
+                "output_activations": None,
+            },
+        },
+        "ignore": ["lm_head"],
+        "kv_cache_scheme": None,
+        "sparsity_config": {},
+    }
+
+
+def compress(w: Any, args_dict: dict, scale_dtype: Any) -> dict[str, Any]:
+    """``[out, in]`` float -> compressed-tensors' tensors for one linear layer
+    (``weight_packed``, ``weight_shape``, ``weight_scale`` and, asymmetric,
+    ``weight_zero_point``), by compressed-tensors' own observer and compressor."""
+    from compressed_tensors.compressors import PackedQuantizationCompressor
+    from compressed_tensors.quantization import QuantizationArgs
+    from compressed_tensors.quantization.utils import calculate_qparams
+
+    args = QuantizationArgs(**args_dict)
+    n, k = w.shape
+    groups = k // args.group_size if args.group_size else 1
+    wg = w.float().reshape(n, groups, -1)
+    scale, zero = calculate_qparams(wg.amin(-1), wg.amax(-1), args)
+    scale = scale.to(scale_dtype)
+    compressor = PackedQuantizationCompressor.__new__(PackedQuantizationCompressor)
+    out = compressor.compress_weight(
+        w.float(), scale.float(), args, None if args.symmetric else zero
+    )
+    out["weight_scale"] = scale
+    return out
+
+
+def dequantize(tensors: dict[str, Any], prefix: str, args_dict: dict) -> Any:
+    """compressed-tensors' own decompression of one layer, in float64."""
+    from compressed_tensors.compressors import PackedQuantizationCompressor
+    from compressed_tensors.quantization import QuantizationArgs
+
+    data = {
+        k: tensors[f"{prefix}.{k}"]
+        for k in ("weight_packed", "weight_shape", "weight_zero_point")
+        if f"{prefix}.{k}" in tensors
+    }
+    data["weight_scale"] = tensors[f"{prefix}.weight_scale"].double()
+    compressor = PackedQuantizationCompressor.__new__(PackedQuantizationCompressor)
+    return compressor.decompress_weight(data, QuantizationArgs(**args_dict))
+
+
+def layer_args(name: str, config: dict) -> dict | None:
+    """The weight args of the config group that quantizes ``name`` (a ``.weight``)."""
+    import re
+
+    module = name.removesuffix(".weight")
+    for group in config["config_groups"].values():
+        for target in group["targets"]:
+            if re.fullmatch(target.removeprefix("re:"), module):
+                return group["weights"]  # type: ignore[no-any-return]
+    return None
+
+
+def write_tiny_w4a16(
+    directory: str | os.PathLike[str],
+    dtype: str = "float32",
+    group_size: int = GROUP_SIZE,
+) -> Path:
+    """The tiny Qwen3 written to ``directory`` and quantized to W4A16 in place; the
+    model dtype (``torch_dtype``) and the scales' dtype are ``dtype``."""
+    import torch
+    from safetensors.torch import load_file, save
+
+    from vllm_kunlun.demo.tiny_model import (
+        MARKER,
+        TinyQwen3Spec,
+        write_atomic,
+        write_tiny_model,
+    )
+
+    out = write_tiny_model(directory)
+    (out / MARKER).unlink()  # complete again only once quantized
+    config = json.loads((out / "config.json").read_text())
+    quant = w4a16_config(group_size)
+    scale_dtype = getattr(torch, dtype)
+    tensors = load_file(str(out / "model.safetensors"))
+    result = {}
+    for name, t in tensors.items():
+        args = layer_args(name, quant)
+        if args is None:
+            result[name] = t.to(scale_dtype) if t.is_floating_point() else t
+            continue
+        prefix = name.removesuffix(".weight")
+        for key, value in compress(t, args, scale_dtype).items():
+            result[f"{prefix}.{key}"] = value
+    config["quantization_config"] = quant
+    config["torch_dtype"] = dtype
+    write_atomic(out / "model.safetensors", save(result, metadata={"format": "pt"}))
+    write_atomic(
+        out / "config.json",
+        (json.dumps(config, indent=2, sort_keys=True) + "\n").encode(),
+    )
+    marker = {**TinyQwen3Spec().marker(), "quant": f"w4a16-{dtype}-g{group_size}"}
+    write_atomic(out / MARKER, (json.dumps(marker, sort_keys=True) + "\n").encode())
+    return out
