@@ -158,3 +158,97 @@ def write_tiny_w4a16(
     marker = {**TinyQwen3Spec().marker(), "quant": f"w4a16-{dtype}-g{group_size}"}
     write_atomic(out / MARKER, (json.dumps(marker, sort_keys=True) + "\n").encode())
     return out
+
+
+# ---- AWQ (AutoAWQ's GEMM checkpoints) ------------------------------------------------
+
+AWQ_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)
+"""AutoAWQ's GEMM packing: nibble ``i`` of a word holds column ``8 w + AWQ_ORDER[i]``."""
+
+
+def awq_config(group_size: int = GROUP_SIZE) -> dict:
+    return {
+        "quant_method": "awq",
+        "bits": 4,
+        "group_size": group_size,
+        "zero_point": True,
+        "version": "gemm",
+        "modules_to_not_convert": None,
+    }
+
+
+def awq_pack(values: Any) -> Any:
+    """``[R, C]`` unsigned 4-bit values -> ``[R, C / 8]`` int32, AutoAWQ's order."""
+    import torch
+
+    v = values.to(torch.int64).reshape(values.shape[0], -1, 8)
+    word = torch.zeros(v.shape[:2], dtype=torch.int64)
+    for i, col in enumerate(AWQ_ORDER):
+        word |= v[..., col] << (4 * i)
+    return torch.where(word >= 2**31, word - 2**32, word).to(torch.int32)
+
+
+def awq_quantize(w: Any, group_size: int, scale_dtype: Any) -> dict[str, Any]:
+    """``[out, in]`` float -> AutoAWQ's ``qweight`` ``[in, out/8]``, ``qzeros``
+    ``[G, out/8]``, ``scales`` ``[G, out]`` (its ``pseudo_quantize_tensor`` with zero
+    points: ``scale = (max - min) / 15``, ``zero = clamp(-rne(min / scale), 0, 15)``,
+    ``q = clamp(rne(w / scale) + zero, 0, 15)``, with the stored scale)."""
+    import torch
+
+    n, k = w.shape
+    wg = w.double().reshape(n, k // group_size, group_size)
+    hi, lo = wg.amax(-1), wg.amin(-1)
+    scales = ((hi - lo).clamp(min=1e-5) / 15).to(scale_dtype)
+    s = scales.double()
+    zeros = (-torch.round(lo / s)).clamp(0, 15)
+    q = (torch.round(wg / s.unsqueeze(-1)) + zeros.unsqueeze(-1)).clamp(0, 15)
+    q = q.reshape(n, k).to(torch.int32)
+    return {
+        "qweight": awq_pack(q.t().contiguous()),
+        "qzeros": awq_pack(zeros.t().contiguous().to(torch.int32)),
+        "scales": scales.t().contiguous(),
+    }
+
+
+def write_tiny_awq(
+    directory: str | os.PathLike[str],
+    dtype: str = "float16",
+    group_size: int = GROUP_SIZE,
+) -> Path:
+    """The tiny Qwen3 written to ``directory`` as an AWQ GEMM checkpoint: every
+    attention and MLP projection 4-bit with zero points per group; the rest float in
+    ``dtype`` (vLLM serves AWQ in float16 only)."""
+    import re
+
+    import torch
+    from safetensors.torch import load_file, save
+
+    from vllm_kunlun.demo.tiny_model import (
+        MARKER,
+        TinyQwen3Spec,
+        write_atomic,
+        write_tiny_model,
+    )
+
+    out = write_tiny_model(directory)
+    (out / MARKER).unlink()
+    config = json.loads((out / "config.json").read_text())
+    float_dtype = getattr(torch, dtype)
+    result = {}
+    for name, t in load_file(str(out / "model.safetensors")).items():
+        if re.fullmatch(ATTENTION, name) or re.fullmatch(MLP, name):
+            prefix = name.removesuffix(".weight")
+            for key, value in awq_quantize(t, group_size, float_dtype).items():
+                result[f"{prefix}.{key}"] = value
+        else:
+            result[name] = t.to(float_dtype) if t.is_floating_point() else t
+    config["quantization_config"] = awq_config(group_size)
+    config["torch_dtype"] = dtype
+    write_atomic(out / "model.safetensors", save(result, metadata={"format": "pt"}))
+    write_atomic(
+        out / "config.json",
+        (json.dumps(config, indent=2, sort_keys=True) + "\n").encode(),
+    )
+    marker = {**TinyQwen3Spec().marker(), "quant": f"awq-{dtype}-g{group_size}"}
+    write_atomic(out / MARKER, (json.dumps(marker, sort_keys=True) + "\n").encode())
+    return out

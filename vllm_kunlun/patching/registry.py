@@ -172,6 +172,15 @@ REGISTRY: tuple[RuntimePatch, ...] = (
         "vLLM lists a mixed-precision kernel for out-of-tree platforms",
     ),
     RuntimePatch(
+        "kunlun_awq_linear_method",
+        "vllm_kunlun.ops.int4.awq_method",
+        ("vllm.model_executor.layers.quantization.awq.AWQLinearMethod",),
+        "vLLM's AWQ linear method calls awq_gemm / awq_dequantize from vllm._C: "
+        "every AWQ checkpoint fails at its first forward",
+        (Phase.QUANTIZED_MODEL, Phase.MODEL_PROCESS),
+        "vLLM's AWQ kernels run on out-of-tree platforms",
+    ),
+    RuntimePatch(
         "kunlun_vendor_custom_ops",
         "vllm_kunlun.ops.custom_ops",
         ("vllm.model_executor.custom_op.op_registry_oot",),

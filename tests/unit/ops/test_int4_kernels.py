@@ -16,6 +16,7 @@ from compressed_tensors.compressors.quantized_compressors.pack_quantized import 
 )
 from compressed_tensors.quantization import QuantizationArgs
 from compressed_tensors.quantization.utils import calculate_qparams
+from vllm.model_executor.layers.quantization.awq import AWQConfig  # before the fixture
 from vllm.model_executor.layers.quantization.kernels.mixed_precision.MPLinearKernel import (
     MPLinearLayerConfig,
 )
@@ -294,3 +295,58 @@ def test_the_table_patch_lists_our_kernel_first_and_reverts() -> None:
     finally:
         table_patch.revert()
     assert before == mp._POSSIBLE_KERNELS
+
+
+# ---- AWQ ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("shape", [(64, 32), (128, 96)])
+def test_awq_packing_matches_vllm_awq_pack_and_unpacks_back(shape: tuple) -> None:
+    from vllm.model_executor.layers.quantization.utils.quant_utils import awq_pack
+
+    from vllm_kunlun.demo.tiny_int4 import awq_pack as writer_pack
+
+    k, n = shape
+    q = torch.randint(0, 16, (k, n), generator=torch.Generator().manual_seed(k))
+    packed = writer_pack(q)
+    assert torch.equal(packed, awq_pack(q, 4, k, n))
+    assert torch.equal(portable.awq_unpack(packed), q.to(torch.int32))
+
+
+@pytest.mark.parametrize("group_size", [32, 64, 128])
+def test_awq_linear_method_against_the_dequantized_weight(
+    group_size: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """vLLM's own AWQConfig / create_weights, loaded with an AutoAWQ-packed weight, run
+    by the plugin's method; the reference dequantizes AutoAWQ's unpacking in float64."""
+    import vllm.model_executor.parameter as vllm_parameter
+
+    monkeypatch.setattr(vllm_parameter, "get_tensor_model_parallel_rank", lambda: 0)
+    monkeypatch.setattr(
+        vllm_parameter, "get_tensor_model_parallel_world_size", lambda: 1
+    )
+    from tests.integration.int4_reference import awq_dequantize_reference
+    from vllm_kunlun.demo.tiny_int4 import awq_config, awq_quantize
+    from vllm_kunlun.ops.int4 import awq_method
+
+    n, k = 64, 256
+    w = torch.randn(n, k, generator=torch.Generator().manual_seed(group_size))
+    tensors = awq_quantize(w, group_size, torch.float16)
+    method = awq_method.method_class()(AWQConfig.from_config(awq_config(group_size)))
+    layer = torch.nn.Module()
+    method.create_weights(
+        layer, k, [n], k, n, torch.float16, weight_loader=lambda *a, **kw: None
+    )
+    for name, t in tensors.items():
+        getattr(layer, name).data.copy_(t)
+    method.process_weights_after_loading(layer)
+    assert layer.qweight.shape == (n, k // 8)  # 4 bits a weight at rest
+    x = torch.randn(3, k, generator=torch.Generator().manual_seed(1)).half()
+    got = method.apply(layer, x)
+    assert got.dtype == torch.float16
+    ref_w = awq_dequantize_reference(
+        {f"p.{key}": t for key, t in tensors.items()}, "p", group_size
+    )
+    torch.testing.assert_close(
+        got.double(), x.double() @ ref_w.t(), rtol=2e-3, atol=2e-2
+    )

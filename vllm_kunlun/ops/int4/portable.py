@@ -56,6 +56,20 @@ def pack_cols(values: torch.Tensor, bits: int) -> torch.Tensor:
     return torch.where(word >= 2**31, word - 2**32, word).to(torch.int32)
 
 
+AWQ_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)
+"""AutoAWQ's packing: the word's i-th nibble (shift ``4 i``) holds column
+``8 w + AWQ_ORDER[i]``."""
+
+
+def awq_unpack(packed: torch.Tensor) -> torch.Tensor:
+    """AWQ GEMM ``qweight`` / ``qzeros`` ``[R, C / 8]`` int32 -> ``[R, C]`` unsigned
+    4-bit values in column order."""
+    nibbles = unpack_cols(packed, 4).reshape(packed.shape[0], -1, 8)
+    out = torch.empty_like(nibbles)
+    out[..., list(AWQ_ORDER)] = nibbles
+    return out.reshape(packed.shape[0], -1)
+
+
 def sort_by_group(
     packed: torch.Tensor, g_idx: torch.Tensor, group_size: int, bits: int
 ) -> tuple[torch.Tensor, torch.Tensor]:

@@ -1,18 +1,20 @@
 """Which quantized checkpoints a vllm-kunlun platform runs, refused at engine start.
 
 Why: the plugin brings two quantized kernels, W8A8-INT8 (``int8_kernel.py``) and
-weight-only integer W4A16 / W8A16 (``ops/int4/wna16_kernel.py``). vLLM
+weight-only integer W4A16 / W8A16 (``ops/int4/``: compressed-tensors through
+``wna16_kernel.py``, AWQ through ``awq_method.py``). vLLM
 0.15.1 lets an out-of-tree platform configure any quantization method, and then fails
 far from the cause: an FP8 config on the host dies with "Found no NVIDIA driver" while
 the model is built, a compressed-tensors FP8 or 4-bit scheme in a kernel that is not
 there. How: ``refuse_method`` (from ``verify_quantization``, when vLLM reads the
-method) lets only ``compressed-tensors`` through; ``refuse_schemes`` (from the
+method) lets only ``compressed-tensors`` and ``awq`` through; ``refuse_schemes`` (from the
 platforms' ``check_and_update_config``, once vLLM built the quantization config) lets
 through only the groups vLLM itself would serve with ``CompressedTensorsW8A8Int8``
 (its own ``_is_static_tensor_w8a8`` / ``_is_dynamic_token_w8a8`` tests, int weights and
 activations) or with ``CompressedTensorsWNA16`` in the ``pack-quantized`` format (its
 ``_is_wNa16_group_channel`` test, 4 or 8 int bits, no activation order by group), no
-KV-cache scheme and no sparsity. Each refusal names the scheme and
+KV-cache scheme and no sparsity; AWQ only 4-bit with zero points (what vLLM's AWQ
+reads). Each refusal names the scheme and
 what is supported. Removal: when the platform runs more schemes (add them here).
 """
 
@@ -20,24 +22,24 @@ from __future__ import annotations
 
 from typing import Any
 
-SUPPORTED_METHOD = "compressed-tensors"
+SUPPORTED_METHODS = ("compressed-tensors", "awq")
 SUPPORTED = (
     "compressed-tensors W8A8-INT8 (llm-compressor's W8A8 preset: 8-bit symmetric int "
     "weights per channel or per tensor, 8-bit int activations dynamic per token or "
     "static per tensor) and compressed-tensors W4A16 / W8A16 (format pack-quantized: "
     "4- or 8-bit int weights per group or per channel, symmetric or with zero points, "
-    "float activations)"
+    "float activations) and AWQ (4-bit GEMM checkpoints with zero points, float16)"
 )
 _FIX = (
-    "Serve a W8A8-INT8 or pack-quantized W4A16 compressed-tensors checkpoint or the "
-    "unquantized model."
+    "Serve a W8A8-INT8 or pack-quantized W4A16 compressed-tensors checkpoint, an AWQ "
+    "checkpoint or the unquantized model."
 )
 WNA16_BITS = (4, 8)
 
 
 def refuse_method(quant: str | None, where: str) -> None:
     """Raise ``ValueError`` unless ``quant`` (vLLM's method name) can run ``where``."""
-    if quant is None or quant == SUPPORTED_METHOD:
+    if quant is None or quant in SUPPORTED_METHODS:
         return
     raise ValueError(
         f"{quant} quantization cannot run {where}: vllm-kunlun serves only "
@@ -79,6 +81,13 @@ def unsupported_schemes(quant_config: Any) -> list[str]:
     )
 
     if quant_config is None:
+        return []
+    if quant_config.get_name() == "awq":
+        if quant_config.weight_bits != 4 or not quant_config.zero_point:
+            return [
+                f"AWQ {quant_config.weight_bits}-bit, zero_point="
+                f"{quant_config.zero_point}"
+            ]
         return []
     if not isinstance(quant_config, CompressedTensorsConfig):
         return [f"quantization method {quant_config.get_name()}"]
