@@ -110,3 +110,50 @@ def _post(ref: torch.nn.Module, result: dict[str, Any]) -> dict[str, Any]:
             teacher_forced(ref, r["prompt_token_ids"], r["token_ids"]) for r in rows
         ]
     return out
+
+
+def gptq_unpack_reference(packed: torch.Tensor, bits: int, dim: int) -> torch.Tensor:
+    """GPTQ's packing read back bit by bit: along ``dim``, value ``f * word + j`` sits
+    at shift ``bits * j`` of the word."""
+    f = 32 // bits
+    p = packed.to(torch.int64) & 0xFFFFFFFF
+    parts = [(p >> (bits * j)) & ((1 << bits) - 1) for j in range(f)]
+    return torch.stack(parts, dim=dim + 1).flatten(dim, dim + 1)
+
+
+def gptq_dequantize_reference(
+    tensors: dict[str, torch.Tensor], prefix: str, bits: int
+) -> torch.Tensor:
+    """``[out, in]`` float64: ``(q - (stored zero + 1)) * scale`` of each input row's
+    group (``g_idx``), GPTQ v1's convention."""
+    q = gptq_unpack_reference(tensors[f"{prefix}.qweight"], bits, 0)  # [in, out]
+    zeros = gptq_unpack_reference(tensors[f"{prefix}.qzeros"], bits, 1) + 1  # [G, out]
+    scales = tensors[f"{prefix}.scales"].double()
+    g = tensors[f"{prefix}.g_idx"].long()
+    return ((q - zeros[g]).double() * scales[g]).t().contiguous()
+
+
+def gptq_float64_reference(model_dir: str) -> torch.nn.Module:
+    from safetensors.torch import load_file
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    raw = json.loads((Path(model_dir) / "config.json").read_text())
+    quant = raw.pop("quantization_config")
+    tensors = load_file(str(Path(model_dir) / "model.safetensors"))
+    config = AutoConfig.for_model(**raw)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float64).eval()
+    state = {}
+    for name, t in tensors.items():
+        if name.endswith(".qweight"):
+            prefix = name.removesuffix(".qweight")
+            state[prefix + ".weight"] = gptq_dequantize_reference(
+                tensors, prefix, quant["bits"]
+            )
+        elif not name.endswith((".qzeros", ".scales", ".g_idx")):
+            state[name] = t.double()
+    model.load_state_dict(state, strict=True)
+    return model
+
+
+def post_gptq(spec: dict[str, Any], result: dict[str, Any]) -> dict[str, Any]:
+    return _post(gptq_float64_reference(spec["model"]), result)

@@ -252,3 +252,157 @@ def write_tiny_awq(
     marker = {**TinyQwen3Spec().marker(), "quant": f"awq-{dtype}-g{group_size}"}
     write_atomic(out / MARKER, (json.dumps(marker, sort_keys=True) + "\n").encode())
     return out
+
+
+# ---- GPTQ (GPTQ / AutoGPTQ checkpoints, v1 zero points) -------------------------------
+
+
+def gptq_config(bits: int, group_size: int, desc_act: bool, sym: bool) -> dict:
+    return {
+        "quant_method": "gptq",
+        "bits": bits,
+        "group_size": group_size,
+        "desc_act": desc_act,
+        "sym": sym,
+        "checkpoint_format": "gptq",
+        "lm_head": False,
+    }
+
+
+def pack_rows(values: Any, bits: int) -> Any:
+    """``[R, C]`` unsigned values -> ``[R / f, C]`` int32, packed along the rows
+    (GPTQ's ``qweight``: value ``f i + j`` of a column at shift ``bits j``)."""
+    import torch
+
+    f = 32 // bits
+    v = values.to(torch.int64).reshape(-1, f, values.shape[1])
+    word = torch.zeros(v.shape[0], v.shape[2], dtype=torch.int64)
+    for j in range(f):
+        word |= (v[:, j] & ((1 << bits) - 1)) << (bits * j)
+    return torch.where(word >= 2**31, word - 2**32, word).to(torch.int32)
+
+
+def gptq_quantize(
+    w: Any,
+    bits: int,
+    group_size: int,
+    desc_act: bool,
+    sym: bool,
+    scale_dtype: Any,
+    order: Any = None,
+) -> dict[str, Any]:
+    """``[out, in]`` float -> GPTQ's ``qweight`` ``[in/f, out]``, ``qzeros``
+    ``[G, out/f]`` (``zero - 1``, v1), ``scales`` ``[G, out]``, ``g_idx`` ``[in]``.
+
+    GPTQ's quantizer per group (round to nearest, no Hessian update): the range
+    widened to include 0, symmetric ``max(|min|, max)`` with the zero point at the
+    midpoint, ``scale = (max - min) / (2^bits - 1)``, ``q = clamp(rne(w / scale) +
+    zero, 0, 2^bits - 1)``. ``desc_act``: columns are taken in ``order`` (default:
+    largest norm first, standing in for the Hessian's diagonal, which layers fed the
+    same input share) and ``g_idx`` names each column's group, the weight staying in
+    its own column order, as GPTQ stores it."""
+    import torch
+
+    n, k = w.shape
+    maxq = (1 << bits) - 1
+    w64 = w.double()
+    if not desc_act:
+        order = torch.arange(k)
+    elif order is None:
+        order = torch.argsort(w64.norm(dim=0), descending=True, stable=True)
+    g_idx = torch.empty(k, dtype=torch.int64)
+    g_idx[order] = torch.arange(k) // group_size
+    groups = k // group_size
+    scales = torch.empty(groups, n, dtype=torch.float64)
+    zeros = torch.empty(groups, n, dtype=torch.float64)
+    for g in range(groups):
+        cols = w64[:, g_idx == g]
+        lo = cols.amin(dim=1).clamp(max=0)
+        hi = cols.amax(dim=1).clamp(min=0)
+        if sym:
+            hi = torch.maximum(lo.abs(), hi)
+            lo = -hi
+        scale = ((hi - lo) / maxq).clamp(min=1e-8).to(scale_dtype).double()
+        scales[g] = scale
+        zeros[g] = (
+            torch.full_like(scale, (maxq + 1) // 2) if sym else torch.round(-lo / scale)
+        )
+    s_col, z_col = scales[g_idx].t(), zeros[g_idx].t()  # [out, in]
+    q = (torch.round(w64 / s_col) + z_col).clamp(0, maxq).to(torch.int64)
+    return {
+        "qweight": pack_rows(q.t().contiguous(), bits),
+        "qzeros": pack_rows((zeros.to(torch.int64) - 1).t().contiguous(), bits)
+        .t()
+        .contiguous(),
+        "scales": scales.to(scale_dtype),
+        "g_idx": g_idx.to(torch.int32),
+    }
+
+
+def write_tiny_gptq(
+    directory: str | os.PathLike[str],
+    bits: int = 4,
+    group_size: int = GROUP_SIZE,
+    desc_act: bool = True,
+    sym: bool = False,
+    dtype: str = "float16",
+) -> Path:
+    """The tiny Qwen3 written to ``directory`` as a GPTQ checkpoint: every attention
+    and MLP projection quantized by ``gptq_quantize``; the rest float in ``dtype``
+    (vLLM serves GPTQ in float16 only)."""
+    import re
+
+    import torch
+    from safetensors.torch import load_file, save
+
+    from vllm_kunlun.demo.tiny_model import (
+        MARKER,
+        TinyQwen3Spec,
+        write_atomic,
+        write_tiny_model,
+    )
+
+    out = write_tiny_model(directory)
+    (out / MARKER).unlink()
+    config = json.loads((out / "config.json").read_text())
+    float_dtype = getattr(torch, dtype)
+    result = {}
+    weights = load_file(str(out / "model.safetensors"))
+
+    def shared_input(name: str) -> str:
+        # q / k / v read the same input, as do gate / up: one Hessian, one order
+        return re.sub(
+            r"\.(q|k|v)_proj\.",
+            ".qkv.",
+            re.sub(r"\.(gate|up)_proj\.", ".gate_up.", name),
+        )
+
+    norms: dict[str, Any] = {}
+    for name, t in weights.items():
+        if re.fullmatch(ATTENTION, name) or re.fullmatch(MLP, name):
+            key = shared_input(name)
+            norms[key] = norms.get(key, 0) + t.double().pow(2).sum(dim=0)
+    for name, t in weights.items():
+        if re.fullmatch(ATTENTION, name) or re.fullmatch(MLP, name):
+            prefix = name.removesuffix(".weight")
+            order = torch.argsort(
+                norms[shared_input(name)], descending=True, stable=True
+            )
+            tensors = gptq_quantize(
+                t, bits, group_size, desc_act, sym, float_dtype, order
+            )
+            for key, value in tensors.items():
+                result[f"{prefix}.{key}"] = value
+        else:
+            result[name] = t.to(float_dtype) if t.is_floating_point() else t
+    config["quantization_config"] = gptq_config(bits, group_size, desc_act, sym)
+    config["torch_dtype"] = dtype
+    write_atomic(out / "model.safetensors", save(result, metadata={"format": "pt"}))
+    write_atomic(
+        out / "config.json",
+        (json.dumps(config, indent=2, sort_keys=True) + "\n").encode(),
+    )
+    label = f"gptq-{bits}bit-g{group_size}-{'act' if desc_act else 'seq'}-{sym}"
+    marker = {**TinyQwen3Spec().marker(), "quant": label}
+    write_atomic(out / MARKER, (json.dumps(marker, sort_keys=True) + "\n").encode())
+    return out

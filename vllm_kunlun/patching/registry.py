@@ -181,6 +181,15 @@ REGISTRY: tuple[RuntimePatch, ...] = (
         "vLLM's AWQ kernels run on out-of-tree platforms",
     ),
     RuntimePatch(
+        "kunlun_gptq_linear_method",
+        "vllm_kunlun.ops.int4.gptq_method",
+        ("vllm.model_executor.layers.quantization.gptq.GPTQLinearMethod",),
+        "vLLM's GPTQ linear method calls gptq_shuffle / gptq_gemm from vllm._C: "
+        "every GPTQ checkpoint fails while loading",
+        (Phase.QUANTIZED_MODEL, Phase.MODEL_PROCESS),
+        "vLLM's GPTQ kernels run on out-of-tree platforms",
+    ),
+    RuntimePatch(
         "kunlun_vendor_custom_ops",
         "vllm_kunlun.ops.custom_ops",
         ("vllm.model_executor.custom_op.op_registry_oot",),

@@ -17,6 +17,7 @@ from compressed_tensors.compressors.quantized_compressors.pack_quantized import 
 from compressed_tensors.quantization import QuantizationArgs
 from compressed_tensors.quantization.utils import calculate_qparams
 from vllm.model_executor.layers.quantization.awq import AWQConfig  # before the fixture
+from vllm.model_executor.layers.quantization.gptq import GPTQConfig
 from vllm.model_executor.layers.quantization.kernels.mixed_precision.MPLinearKernel import (
     MPLinearLayerConfig,
 )
@@ -166,14 +167,33 @@ def test_chunks_cover_whole_groups_and_bound_the_float_weight(
 @pytest.mark.parametrize("symmetric", [True, False])
 def test_activation_order_is_served_by_sorting_k_once(symmetric: bool) -> None:
     d, w = quantized(32, 256, 4, "group", 64, symmetric, actorder=True, seed=7)
-    packed, perm = portable.sort_by_group(d["weight_packed"], d["weight_g_idx"], 64, 4)
+    packed, perm, groups = portable.sort_by_group(
+        d["weight_packed"], d["weight_g_idx"], 4
+    )
+    assert torch.equal(groups, torch.arange(256) // 64)
     x = torch.randn(4, 256, dtype=torch.float64)
     got = portable.wna16_linear(
-        x, packed, d["weight_scale"], zeros_of(d, 4), 4, 64, perm
+        x, packed, d["weight_scale"], zeros_of(d, 4), 4, 64, perm, col_groups=groups
     )
     torch.testing.assert_close(got, x @ w.t(), rtol=1e-5, atol=1e-4)
-    with pytest.raises(ValueError, match="32 input columns to each group"):
-        portable.sort_by_group(d["weight_packed"], d["weight_g_idx"], 32, 4)
+    # A row-parallel rank's slice: any number of columns of any group.
+    half = slice(128, 256)
+    packed, perm, groups = portable.sort_by_group(
+        portable.pack_cols(portable.unpack_cols(d["weight_packed"], 4)[:, half], 4),
+        d["weight_g_idx"][half],
+        4,
+    )
+    got = portable.wna16_linear(
+        x[:, half],
+        packed,
+        d["weight_scale"],
+        zeros_of(d, 4),
+        4,
+        64,
+        perm,
+        col_groups=groups,
+    )
+    torch.testing.assert_close(got, x[:, half] @ w[:, half].t(), rtol=1e-5, atol=1e-4)
 
 
 @pytest.mark.parametrize(("bits", "group_size"), [(4, 32), (4, -1), (8, 64)])
@@ -350,3 +370,85 @@ def test_awq_linear_method_against_the_dequantized_weight(
     torch.testing.assert_close(
         got.double(), x.double() @ ref_w.t(), rtol=2e-3, atol=2e-2
     )
+
+
+# ---- GPTQ -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+def test_gptq_packing_matches_vllm_gptq_pack(bits: int) -> None:
+    from vllm.model_executor.layers.quantization.utils.quant_utils import gptq_pack
+
+    from tests.integration.int4_reference import gptq_unpack_reference
+    from vllm_kunlun.demo.tiny_int4 import pack_rows
+
+    k, n = 64, 24
+    q = torch.randint(0, 1 << bits, (k, n), generator=torch.Generator().manual_seed(3))
+    packed = pack_rows(q, bits)
+    assert torch.equal(packed, gptq_pack(q, bits, k, n))
+    assert torch.equal(gptq_unpack_reference(packed, bits, 0), q)
+
+
+def gptq_layer(
+    bits: int, desc_act: bool, sym: bool, group_size: int, monkeypatch, k=256, n=64
+):
+    """vLLM's own GPTQConfig / create_weights, loaded with a GPTQ-packed weight and
+    processed by the plugin's method; with the float64 reference weight."""
+    import vllm.model_executor.parameter as vllm_parameter
+
+    from tests.integration.int4_reference import gptq_dequantize_reference
+    from vllm_kunlun.demo.tiny_int4 import gptq_config, gptq_quantize
+    from vllm_kunlun.ops.int4 import gptq_method
+
+    monkeypatch.setattr(vllm_parameter, "get_tensor_model_parallel_rank", lambda: 0)
+    monkeypatch.setattr(
+        vllm_parameter, "get_tensor_model_parallel_world_size", lambda: 1
+    )
+    w = torch.randn(n, k, generator=torch.Generator().manual_seed(bits + k))
+    tensors = gptq_quantize(w, bits, group_size, desc_act, sym, torch.float16)
+    ref = gptq_dequantize_reference(
+        {f"p.{key}": t for key, t in tensors.items()}, "p", bits
+    )
+    method = gptq_method.method_class()(
+        GPTQConfig.from_config(gptq_config(bits, group_size, desc_act, sym))
+    )
+    layer = torch.nn.Module()
+    method.create_weights(
+        layer, k, [n], k, n, torch.float16, weight_loader=lambda *a, **kw: None
+    )
+    for name, t in tensors.items():
+        getattr(layer, name).data.copy_(t)
+    method.process_weights_after_loading(layer)
+    return method, layer, ref
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+@pytest.mark.parametrize("desc_act", [False, True])
+@pytest.mark.parametrize("sym", [True, False])
+def test_gptq_linear_method_against_the_dequantized_weight(
+    bits: int, desc_act: bool, sym: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    method, layer, ref = gptq_layer(bits, desc_act, sym, 64, monkeypatch)
+    assert layer.qweight.shape == (64, 256 * bits // 32)  # bits a weight at rest
+    assert (layer.wna16_index is not None) == desc_act
+    x = torch.randn(2, 3, 256, generator=torch.Generator().manual_seed(1)).half()
+    got = method.apply(layer, x)
+    assert got.dtype == torch.float16 and got.shape == (2, 3, 64)
+    torch.testing.assert_close(got.double(), x.double() @ ref.t(), rtol=2e-3, atol=2e-2)
+    assert [s["path"] for s in seam.served()] == ["portable"]
+
+
+@pytest.mark.parametrize(("bits", "desc_act"), [(4, True), (8, False)])
+def test_symmetric_gptq_takes_the_vendor_gptq_gemm(
+    bits: int, desc_act: bool, fake_vendor_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from xspeedgate_ops import _gptq
+
+    _gptq.reset()
+    monkeypatch.setenv("VLLM_KUNLUN_EMULATION_VENDOR", "1")
+    method, layer, ref = gptq_layer(bits, desc_act, True, 32, monkeypatch)
+    x = torch.randn(5, 256, generator=torch.Generator().manual_seed(2)).half()
+    got = method.apply(layer, x)
+    torch.testing.assert_close(got.double(), x.double() @ ref.t(), rtol=2e-3, atol=2e-2)
+    assert [c[0] for c in _gptq.CALLS] == ["gptq_gemm"]
+    assert [s["path"] for s in seam.served()] == ["vendor"]

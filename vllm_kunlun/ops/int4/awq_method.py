@@ -64,17 +64,8 @@ def _method_class(original: type) -> type:
                 scales.dtype,
             )
             self.gptq_layout = p.gptq_layout
-            layer.qweight = torch.nn.Parameter(p.weight, requires_grad=False)
-            layer.scales = torch.nn.Parameter(p.scales, requires_grad=False)
             del layer.qzeros
-            layer.register_parameter(
-                "wna16_zeros",
-                None if p.zeros is None else torch.nn.Parameter(p.zeros, False),
-            )
-            layer.register_parameter(
-                "wna16_index",
-                None if p.index is None else torch.nn.Parameter(p.index, False),
-            )
+            seam.attach(layer, p, "qweight", "scales")
 
         def apply(
             self,
@@ -82,13 +73,7 @@ def _method_class(original: type) -> type:
             x: torch.Tensor,
             bias: torch.Tensor | None = None,
         ) -> torch.Tensor:
-            p = seam.Prepared(
-                self.gptq_layout,
-                layer.qweight,
-                layer.scales,
-                layer.wna16_zeros,
-                layer.wna16_index,
-            )
+            p = seam.attached(layer, self.gptq_layout, "qweight", "scales")
             return seam.wna16_mm(x, p, bias, 4, self.group)
 
     KunlunAWQLinearMethod.__qualname__ = "KunlunAWQLinearMethod"

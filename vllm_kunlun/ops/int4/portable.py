@@ -16,7 +16,7 @@ group otherwise), multiply by the group's scale in float32 (exact: an integer of
 most 9 bits times a bfloat16 / float16 scale), and accumulate ``x_chunk @ w_chunk.T``
 in float32. Only one chunk's float weight exists at a time (``CHUNK_ELEMENTS``), never
 the layer's, let alone the model's. The output is cast to the activation dtype once.
-Activation order (``actorder: group``, a ``g_idx``) is served by permuting K once at load
+Activation order (GPTQ ``desc_act``, a ``g_idx``) is served by permuting K once at load
 (``sort_by_group``) and the activation columns per call.
 Removal: when torch and vLLM ship a weight-only int4 GEMM for every device we serve.
 """
@@ -71,22 +71,17 @@ def awq_unpack(packed: torch.Tensor) -> torch.Tensor:
 
 
 def sort_by_group(
-    packed: torch.Tensor, g_idx: torch.Tensor, group_size: int, bits: int
-) -> tuple[torch.Tensor, torch.Tensor]:
+    packed: torch.Tensor, g_idx: torch.Tensor, bits: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Activation order: reorder K so that each group's columns are contiguous.
 
     Returns (the repacked weight, the permutation ``perm`` with ``x[:, perm]`` the
-    matching activation order). Raises ``ValueError`` when ``g_idx`` does not hold
-    exactly ``group_size`` columns per group (not a GPTQ / compressed-tensors order)."""
+    matching activation order, the group of each reordered column). A rank's slice of
+    a row-parallel layer may hold any number of columns of a group: nothing about
+    the group sizes is assumed."""
     perm = torch.argsort(g_idx.to(torch.int64), stable=True)
-    k = g_idx.numel()
-    want = torch.arange(k, device=g_idx.device) // group_size
-    if not torch.equal(g_idx.to(torch.int64)[perm], want):
-        raise ValueError(
-            f"g_idx does not assign {group_size} input columns to each group"
-        )
     w = unpack_cols(packed, bits)[:, perm]
-    return pack_cols(w, bits), perm
+    return pack_cols(w, bits), perm, g_idx.to(torch.int64)[perm].contiguous()
 
 
 def chunk_columns(n: int, k: int, group_size: int, bits: int) -> int:
@@ -105,13 +100,16 @@ def wna16_linear(
     group_size: int,
     perm: torch.Tensor | None = None,
     bias: torch.Tensor | None = None,
+    col_groups: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """``x @ dequant(W).T + bias`` for a packed weight-only integer layer.
 
     ``x`` [..., K]; ``packed`` int32 ``[N, K / (32 / bits)]``; ``scales`` ``[N, G]``
     (G = K / group_size; G = 1 per channel); ``zeros`` ``[N, G]`` unsigned zero points
     or None (symmetric: the bias ``2^(bits-1)``); ``group_size`` -1 or K per channel;
-    ``perm`` the K permutation of ``sort_by_group``.
+    ``perm`` and ``col_groups`` the K permutation and the columns' groups of
+    ``sort_by_group`` (activation order; None: column ``k`` is in group
+    ``k // group_size``).
     """
     x2 = x.reshape(-1, x.shape[-1])
     if perm is not None:
@@ -131,7 +129,10 @@ def wna16_linear(
     for k0 in range(0, k, cols):
         k1 = min(k, k0 + cols)
         q = unpack_cols(packed[:, k0 // step : k1 // step], bits).float()
-        groups = torch.arange(k0, k1, device=x2.device) // gs
+        if col_groups is None:
+            groups = torch.arange(k0, k1, device=x2.device) // gs
+        else:
+            groups = col_groups[k0:k1]
         zero = offset if zeros32 is None else zeros32.index_select(1, groups)
         w = (q - zero) * scales32.index_select(1, groups)
         acc.addmm_(xf[:, k0:k1], w.t())

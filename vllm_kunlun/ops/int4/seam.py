@@ -77,6 +77,7 @@ class Prepared:
     scales: torch.Tensor  # portable: [N, G]; vendor: [G, N]
     zeros: torch.Tensor | None  # portable: [N, G] unsigned or None; vendor: [G, N/f]
     index: torch.Tensor | None  # portable: K permutation or None; vendor: g_idx [K]
+    groups: torch.Tensor | None = None  # portable: each permuted column's group
 
 
 def prepare(
@@ -116,10 +117,46 @@ def prepare(
             "vllm-kunlun: asymmetric weight-only layers run the portable kernel (the "
             "vendor gptq_gemm has no encoding for a zero point of 0)"
         )
-    perm = None
+    perm = groups = None
     if g_idx is not None:
-        packed, perm = portable.sort_by_group(packed, g_idx, gs, bits)
-    return Prepared(False, packed.contiguous(), scales.contiguous(), zeros, perm)
+        packed, perm, groups = portable.sort_by_group(packed, g_idx, bits)
+    return Prepared(
+        False, packed.contiguous(), scales.contiguous(), zeros, perm, groups
+    )
+
+
+_EXTRA = ("wna16_zeros", "wna16_index", "wna16_groups")
+
+
+def attach(
+    layer: torch.nn.Module, p: Prepared, weight_name: str, scales_name: str
+) -> None:
+    """Store ``p`` on ``layer`` as parameters (they follow the layer's device moves):
+    the weight and scales under the layer's own names, the rest under ``wna16_*``."""
+    for name, t in zip(
+        (weight_name, scales_name, *_EXTRA),
+        (p.weight, p.scales, p.zeros, p.index, p.groups),
+        strict=True,
+    ):
+        if name in layer._parameters or hasattr(layer, name):
+            delattr(layer, name)
+        param = None if t is None else torch.nn.Parameter(t, requires_grad=False)
+        layer.register_parameter(name, param)
+
+
+def attached(
+    layer: torch.nn.Module, gptq_layout: bool, weight_name: str, scales_name: str
+) -> Prepared:
+    """The ``Prepared`` that ``attach`` stored on ``layer``."""
+    zeros, index, groups = (getattr(layer, n, None) for n in _EXTRA)
+    return Prepared(
+        gptq_layout,
+        getattr(layer, weight_name),
+        getattr(layer, scales_name),
+        zeros,
+        index,
+        groups,
+    )
 
 
 def _impl(
@@ -128,6 +165,7 @@ def _impl(
     scales: torch.Tensor,
     zeros: torch.Tensor | None,
     index: torch.Tensor | None,
+    groups: torch.Tensor | None,
     bias: torch.Tensor | None,
     bits: int,
     group_size: int,
@@ -137,7 +175,7 @@ def _impl(
     if not gptq_layout:
         SEAM.record(x.device, PORTABLE, kernels.reason)
         return portable.wna16_linear(
-            x, weight, scales, zeros, bits, group_size, index, bias
+            x, weight, scales, zeros, bits, group_size, index, bias, groups
         )
     if kernels.gptq_gemm is None:
         raise RuntimeError(
@@ -158,6 +196,7 @@ def _fake(
     scales: torch.Tensor,
     zeros: torch.Tensor | None,
     index: torch.Tensor | None,
+    groups: torch.Tensor | None,
     bias: torch.Tensor | None,
     bits: int,
     group_size: int,
@@ -169,7 +208,7 @@ def _fake(
 
 _OP = PluginOp(
     "wna16_mm(Tensor x, Tensor weight, Tensor scales, Tensor? zeros, Tensor? index, "
-    "Tensor? bias, int bits, int group_size, bool gptq_layout) -> Tensor",
+    "Tensor? groups, Tensor? bias, int bits, int group_size, bool gptq_layout) -> Tensor",
     _impl,
     _fake,
 )
@@ -180,5 +219,14 @@ def wna16_mm(
 ) -> torch.Tensor:
     """The layer's output for ``x`` [..., K] through ``torch.ops.vllm_kunlun.wna16_mm``."""
     return _OP.get()(  # type: ignore[no-any-return]
-        x, p.weight, p.scales, p.zeros, p.index, bias, bits, group_size, p.gptq_layout
+        x,
+        p.weight,
+        p.scales,
+        p.zeros,
+        p.index,
+        p.groups,
+        bias,
+        bits,
+        group_size,
+        p.gptq_layout,
     )

@@ -37,10 +37,6 @@ SUPPORTED_TYPES = (
 )
 
 
-def _param(t: torch.Tensor) -> torch.nn.Parameter:
-    return torch.nn.Parameter(t, requires_grad=False)
-
-
 def _data(p: torch.Tensor, **layout: int) -> torch.Tensor:
     if isinstance(p, BasevLLMParameter):
         permute_param_layout_(p, **layout)
@@ -93,18 +89,10 @@ class KunlunWNA16LinearKernel(MPLinearKernel):
         g_idx = w_gidx.data if (c.has_g_idx and w_gidx is not None) else None
         p = seam.prepare(packed, scales, zeros, g_idx, bits, c.group_size, c.act_type)
         self.gptq_layout = p.gptq_layout
-        setattr(layer, self.w_q_name, _param(p.weight))
-        setattr(layer, self.w_s_name, _param(p.scales))
-        layer.register_parameter(
-            "wna16_zeros", None if p.zeros is None else _param(p.zeros)
-        )
-        layer.register_parameter(
-            "wna16_index", None if p.index is None else _param(p.index)
-        )
-        if self.w_zp_name and hasattr(layer, self.w_zp_name):
-            delattr(layer, self.w_zp_name)
-        if self.w_gidx_name and hasattr(layer, self.w_gidx_name):
-            delattr(layer, self.w_gidx_name)
+        for name in (self.w_zp_name, self.w_gidx_name):
+            if name and hasattr(layer, name):
+                delattr(layer, name)
+        seam.attach(layer, p, self.w_q_name, self.w_s_name)
 
     def apply_weights(
         self,
@@ -112,13 +100,7 @@ class KunlunWNA16LinearKernel(MPLinearKernel):
         x: torch.Tensor,
         bias: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        p = seam.Prepared(
-            self.gptq_layout,
-            getattr(layer, self.w_q_name),
-            getattr(layer, self.w_s_name),
-            getattr(layer, "wna16_zeros", None),
-            getattr(layer, "wna16_index", None),
-        )
+        p = seam.attached(layer, self.gptq_layout, self.w_q_name, self.w_s_name)
         return seam.wna16_mm(
             x, p, bias, self.config.weight_type.size_bits, self.config.group_size
         )
