@@ -161,6 +161,9 @@ LONGEST_FIRST = (
     "test_serve_structured.py",
     "test_e2e_mtp_w8a8.py",
     "test_e2e_mtp.py",
+    "test_e2e_awq.py",
+    "test_e2e_w4a16.py",
+    "test_e2e_gptq.py",
 )
 
 

@@ -76,7 +76,10 @@ def _method_class(original: type) -> type:
             p = seam.attached(layer, self.gptq_layout, "qweight", "scales")
             return seam.wna16_mm(x, p, bias, 4, self.group)
 
-    KunlunAWQLinearMethod.__qualname__ = "KunlunAWQLinearMethod"
+    # vLLM picks a layer's weight loader by the method's class name
+    # (``WEIGHT_LOADER_V2_SUPPORTED``): keep vLLM's, the module says whose it is.
+    KunlunAWQLinearMethod.__name__ = "AWQLinearMethod"
+    KunlunAWQLinearMethod.__qualname__ = "AWQLinearMethod"
     KunlunAWQLinearMethod.__module__ = __name__
     return KunlunAWQLinearMethod
 

@@ -83,7 +83,10 @@ def _method_class(original: type) -> type:
             p = seam.attached(layer, self.gptq_layout, "qweight", "scales")
             return seam.wna16_mm(x, p, bias, self.quant_config.weight_bits, self.group)
 
-    KunlunGPTQLinearMethod.__qualname__ = "KunlunGPTQLinearMethod"
+    # vLLM picks a layer's weight loader by the method's class name
+    # (``WEIGHT_LOADER_V2_SUPPORTED``): keep vLLM's, the module says whose it is.
+    KunlunGPTQLinearMethod.__name__ = "GPTQLinearMethod"
+    KunlunGPTQLinearMethod.__qualname__ = "GPTQLinearMethod"
     KunlunGPTQLinearMethod.__module__ = __name__
     return KunlunGPTQLinearMethod
 

@@ -23,6 +23,8 @@ Removal: when torch and vLLM ship a weight-only int4 GEMM for every device we se
 
 from __future__ import annotations
 
+import sys
+
 import torch
 
 CHUNK_ELEMENTS = 1 << 22
@@ -38,7 +40,19 @@ def pack_factor(bits: int) -> int:
 def unpack_cols(packed: torch.Tensor, bits: int) -> torch.Tensor:
     """``[R, C / f]`` int32 (``f = 32 / bits`` values per word, first value lowest) ->
     ``[R, C]`` int32 unsigned values."""
+    return _unpack(packed, bits).to(torch.int32)
+
+
+def _unpack(packed: torch.Tensor, bits: int) -> torch.Tensor:
+    """``unpack_cols`` in the narrowest dtype at hand (uint8 on little-endian hosts)."""
     f = pack_factor(bits)
+    if sys.byteorder == "little" and packed.dtype == torch.int32:
+        # the words' bytes in memory order are the values' order: work on bytes
+        raw = packed.contiguous().view(torch.uint8)  # [R, 4 C / f]
+        if bits == 8:
+            return raw
+        pairs = torch.stack((raw & 0xF, raw >> 4), dim=-1)  # low nibble first
+        return pairs.reshape(packed.shape[0], packed.shape[1] * f)
     mask = (1 << bits) - 1
     shifts = torch.arange(0, 32, bits, device=packed.device, dtype=torch.int32)
     vals = (packed.to(torch.int32).unsqueeze(-1) >> shifts) & mask
@@ -128,13 +142,24 @@ def wna16_linear(
     xf = x2.float()
     for k0 in range(0, k, cols):
         k1 = min(k, k0 + cols)
-        q = unpack_cols(packed[:, k0 // step : k1 // step], bits).float()
-        if col_groups is None:
-            groups = torch.arange(k0, k1, device=x2.device) // gs
+        q = _unpack(packed[:, k0 // step : k1 // step], bits).float()
+        if col_groups is None and k0 % gs == 0 and (k1 - k0) % gs == 0:
+            # whole groups: broadcast each group's scale and zero over its columns
+            g0, g1 = k0 // gs, k1 // gs
+            qg = q.view(n, g1 - g0, gs)
+            if zeros32 is None:
+                qg -= offset
+            else:
+                qg -= zeros32[:, g0:g1, None]
+            qg *= scales32[:, g0:g1, None]
+            w = q
         else:
-            groups = col_groups[k0:k1]
-        zero = offset if zeros32 is None else zeros32.index_select(1, groups)
-        w = (q - zero) * scales32.index_select(1, groups)
+            if col_groups is None:
+                groups = torch.arange(k0, k1, device=x2.device) // gs
+            else:
+                groups = col_groups[k0:k1]
+            zero = offset if zeros32 is None else zeros32.index_select(1, groups)
+            w = (q - zero) * scales32.index_select(1, groups)
         acc.addmm_(xf[:, k0:k1], w.t())
     if bias is not None:
         acc += bias.float()
