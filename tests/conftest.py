@@ -166,6 +166,9 @@ LONGEST_FIRST = (
     "test_e2e_mtp.py",
     "test_e2e_qwen_vl.py",
     "test_e2e_pooling.py",
+    "test_e2e_awq.py",
+    "test_e2e_w4a16.py",
+    "test_e2e_gptq.py",
 )
 
 

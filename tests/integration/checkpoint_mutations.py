@@ -38,6 +38,24 @@ def _w8a8(d: Path) -> Path:
     return write_tiny_w8a8(d)
 
 
+def _awq(d: Path) -> Path:
+    from vllm_kunlun.demo.tiny_int4 import write_tiny_awq
+
+    return write_tiny_awq(d)
+
+
+def _gptq(d: Path) -> Path:
+    from vllm_kunlun.demo.tiny_int4 import write_tiny_gptq
+
+    return write_tiny_gptq(d)
+
+
+def _w4a16(d: Path) -> Path:
+    from vllm_kunlun.demo.tiny_int4 import write_tiny_w4a16
+
+    return write_tiny_w4a16(d)
+
+
 def _qwen3_5_moe(d: Path) -> Path:
     return write_tiny_model(d, TinyQwen3_5MoeSpec())
 
@@ -53,7 +71,12 @@ WRITERS: dict[str, Callable[[Path], Path]] = {
     "w8a8": _w8a8,
     "qwen3_5_moe": _qwen3_5_moe,
     "qwen3_5_moe_w8a8": _qwen3_5_moe_w8a8,
+    "awq": _awq,
+    "gptq": _gptq,
+    "w4a16": _w4a16,
 }
+# vLLM serves AWQ and GPTQ in float16 only; everything else loads in float32.
+FLOAT16_WRITERS = ("awq", "gptq")
 
 FP8_CONFIG = {"quant_method": "fp8", "activation_scheme": "dynamic"}
 
@@ -225,6 +248,32 @@ CASES: dict[str, Case] = {
         "qwen3",
         quant=FP8_CONFIG,
         expect=("fp8 quantization cannot run", "compressed-tensors W8A8-INT8"),
+    ),
+    # --- 4-bit weight-only checkpoints --------------------------------------------------
+    "awq_ok": Case("awq"),
+    "gptq_ok": Case("gptq"),
+    "w4a16_ok": Case("w4a16"),
+    "awq_missing_scales": Case(
+        "awq",
+        drop=("model.layers.1.mlp.down_proj.scales",),
+        expect=("model.layers.1.mlp.down_proj.scales",),
+    ),
+    # qzeros of the wrong width: [groups, out / 8] with out doubled
+    "awq_qzeros_wrong_width": Case(
+        "awq",
+        shape={"model.layers.0.mlp.down_proj.qzeros": (4, 16)},
+        expect=("model.layers.0.mlp.down_proj.qzeros", "[4, 16]"),
+    ),
+    # a GPTQ weight left unpacked: [in, out] instead of [in / 8, out]
+    "gptq_qweight_unpacked": Case(
+        "gptq",
+        shape={"model.layers.0.self_attn.o_proj.qweight": (128, 64)},
+        expect=("model.layers.0.self_attn.o_proj.qweight", "[128, 64]"),
+    ),
+    "w4a16_missing_zero_point": Case(
+        "w4a16",
+        drop=("model.layers.1.mlp.up_proj.weight_zero_point",),
+        expect=("model.layers.1.mlp.gate_up_proj.weight_zero_point",),
     ),
     "ct_fp8_scheme": Case(
         "qwen3",

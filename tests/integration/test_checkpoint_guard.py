@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 
 from tests.conftest import REPO, child_env
-from tests.integration.checkpoint_mutations import CASES, write_case
+from tests.integration.checkpoint_mutations import CASES, FLOAT16_WRITERS, write_case
 
 pytestmark = pytest.mark.slow
 
@@ -45,7 +45,7 @@ ps.initialize_model_parallel(WORLD)
 out = {}
 for name, path in CASES.items():
     try:
-        cfg = EngineArgs(model=path, dtype="float32", max_model_len=256,
+        cfg = EngineArgs(model=path, dtype=DTYPES[name], max_model_len=256,
                          enforce_eager=True,
                          tensor_parallel_size=WORLD).create_engine_config()
         with set_current_vllm_config(cfg):
@@ -74,12 +74,17 @@ def load_all(
     rank 0's results, after checking that every rank came to the same verdict."""
     chosen = {n: c for n, c in CASES.items() if names is None or n in names}
     paths = {name: str(write_case(case, tmp / name)) for name, case in chosen.items()}
+    dtypes = {
+        name: "float16" if case.writer in FLOAT16_WRITERS else "float32"
+        for name, case in chosen.items()
+    }
     port = _free_port()
     procs = []
     for rank in range(world):
         code = (
             SCRIPT.replace("WITH_GUARD", repr(with_guard))
             .replace("CASES.items()", f"{paths!r}.items()")
+            .replace("DTYPES[name]", f"{dtypes!r}[name]")
             .replace("WORLD", str(world))
             .replace("RANK", str(rank))
             .replace("PORT", str(port))

@@ -9,7 +9,11 @@ builds them (Qwen3: q/k/v/o + gate/up/down; Qwen3.5: full attention with an outp
 (q_proj is 2 x heads x head_dim), Gated DeltaNet in_proj_qkv / in_proj_z / in_proj_b /
 in_proj_a / out_proj, a dense MLP in every layer), plus the embeddings and an untied
 lm_head. A compressed-tensors config with 8-bit integer weights makes every linear layer
-not in its ``ignore`` list int8 with one float32 scale per output channel. Norms, GDN
+not in its ``ignore`` list int8 with one float32 scale per output channel. A weight-only
+4-bit / 8-bit config (AWQ, GPTQ, compressed-tensors W4A16 ``pack-quantized``) makes them
+``bits / 8`` bytes a weight, one model-dtype scale per group and output channel, packed
+zero points where the format stores them and GPTQ's int32 ``g_idx`` (``weight_only``,
+``weight_only_linear_bytes``). Norms, GDN
 conv / gate vectors and biases (< 0.1% of a 27B model) are left out. MoE, vision towers
 and MTP heads are not counted: an estimate says so in its source.
 """
@@ -157,6 +161,96 @@ def int8_ignore(config: Mapping[str, Any]) -> list[str] | None:
     return [str(i) for i in q.get("ignore") or []]
 
 
+@dataclass(frozen=True)
+class WeightOnly:
+    """A weight-only integer checkpoint's layout, as its bytes count."""
+
+    label: str
+    bits: int
+    group_size: int  # -1: one group (per output channel)
+    zero_points: bool
+    g_idx: bool  # GPTQ stores an int32 group index per input row
+    ignore: tuple[str, ...]  # compressed-tensors' ignore list
+    not_converted: tuple[str, ...]  # AWQ's modules_to_not_convert (substrings)
+    targets: tuple[str, ...] = ()  # compressed-tensors' targets (() : every linear)
+
+    def covers(self, name: str) -> bool:
+        """Whether the linear module ``name`` is quantized by this scheme."""
+        if _ignored(name, list(self.ignore)) or any(
+            m in name for m in self.not_converted
+        ):
+            return False
+        return (
+            not self.targets
+            or "Linear" in self.targets
+            or _ignored(name, list(self.targets))
+        )
+
+
+def weight_only(config: Mapping[str, Any]) -> list[WeightOnly]:
+    """The weight-only schemes of an AWQ, GPTQ or compressed-tensors W4A16 / W8A16
+    (``pack-quantized``, no activation quantization: one per config group) config;
+    [] for any other config."""
+    q = config.get("quantization_config") or _text(config).get("quantization_config")
+    if not isinstance(q, Mapping):
+        return []
+    method = q.get("quant_method")
+    if method == "awq":
+        return [
+            WeightOnly(
+                "AWQ",
+                int(q.get("bits", q.get("w_bit", 4))),
+                int(q.get("group_size", q.get("q_group_size", 128))),
+                bool(q.get("zero_point", True)),
+                False,
+                (),
+                tuple(q.get("modules_to_not_convert") or ()),
+            )
+        ]
+    if method == "gptq":
+        return [
+            WeightOnly(
+                "GPTQ", int(q["bits"]), int(q.get("group_size", -1)), True, True, (), ()
+            )
+        ]
+    if method != "compressed-tensors" or q.get("format") != "pack-quantized":
+        return []
+    groups = list((q.get("config_groups") or {}).values())
+    if not groups or any(g.get("input_activations") for g in groups):
+        return []
+    ignore = tuple(str(i) for i in q.get("ignore") or [])
+    schemes = []
+    for g in groups:
+        w = g.get("weights") or {}
+        schemes.append(
+            WeightOnly(
+                "compressed-tensors pack-quantized",
+                int(w.get("num_bits", 4)),
+                int(w.get("group_size") or -1),
+                not w.get("symmetric", True),
+                False,
+                ignore,
+                (),
+                tuple(str(t) for t in g.get("targets") or ()),
+            )
+        )
+    return schemes
+
+
+def weight_only_linear_bytes(
+    linear: Linear, scheme: WeightOnly, scale_bytes: int
+) -> int:
+    """Packed weight, scales, zero points (and ``g_idx``) of one linear, all layers."""
+    groups = -(-linear.inp // scheme.group_size) if scheme.group_size > 0 else 1
+    per_layer = linear.out * linear.inp * scheme.bits // 8
+    per_layer += linear.out * groups * scale_bytes
+    if scheme.zero_points:
+        per_layer += linear.out * groups * scheme.bits // 8
+    if scheme.g_idx:
+        per_layer += 4 * linear.inp
+    return per_layer * linear.layers
+
+
 def _ignored(name: str, ignore: list[str]) -> bool:
     """compressed-tensors' matching: ``re:<regex>`` matched from the start, else the
     exact module name."""
@@ -201,10 +295,14 @@ def estimate_weights(config: Mapping[str, Any]) -> WeightEstimate | None:
     tied = bool(config.get("tie_word_embeddings", text.get("tie_word_embeddings")))
     total = vocab * h * dtype_bytes * (1 if tied else 2)
     ignore = int8_ignore(config)
+    schemes = weight_only(config) if ignore is None else []
     int8_params = 0
     for linear in layers:
         name = f"model.layers.0.{linear.name}"
-        if ignore is not None and not _ignored(name, ignore):
+        scheme = next((w for w in schemes if w.covers(name)), None)
+        if scheme is not None:
+            total += weight_only_linear_bytes(linear, scheme, dtype_bytes)
+        elif ignore is not None and not _ignored(name, ignore):
             total += int8_linear_bytes(linear)
             int8_params += linear.params
         else:
@@ -214,6 +312,15 @@ def estimate_weights(config: Mapping[str, Any]) -> WeightEstimate | None:
         if ignore is not None
         else f"{dtype or 'bfloat16'} weights"
     )
+    if schemes:
+        first = schemes[0]
+        group = "channel" if first.group_size <= 0 else f"group {first.group_size}"
+        kind = (
+            f"{first.label}: {first.bits}-bit linear weights + {dtype or 'bfloat16'} "
+            f"{group} scales" + (" + zero points" if first.zero_points else "")
+        )
+        if len(schemes) > 1:
+            kind = f"{first.label}: {len(schemes)} weight-only schemes"
     return WeightEstimate(
         total, int8_params, f"estimated from config.json ({kind}; no weight files)"
     )

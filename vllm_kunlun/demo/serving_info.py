@@ -106,6 +106,7 @@ class ServingInfo:
             "gdn_kernels": _gdn_kernels(),
             "gdn_state_dtypes": _gdn_state_dtypes(model),
             "moe_kernels": _moe_kernels(),
+            "wna16_kernels": _wna16_kernels(),
             "moe_experts": _moe_experts(model),
             "mla_kernels": _mla_kernels(),
             "kv_blocks": _kv_blocks(runner),
@@ -158,6 +159,13 @@ def _mla_kernels() -> list[dict[str, Any]]:
     """What the MLA decodes ran on (device, path, reason, calls); empty when no MLA
     layer decoded (the seam is imported by the MLA backend only)."""
     seam = sys.modules.get("vllm_kunlun.ops.mla.seam")
+    return seam.served() if seam is not None else []
+
+
+def _wna16_kernels() -> list[dict[str, Any]]:
+    """What the weight-only integer (W4A16) layers ran on (device, path, reason,
+    calls); empty when none ran (the seam is imported by their kernel only)."""
+    seam = sys.modules.get("vllm_kunlun.ops.int4.seam")
     return seam.served() if seam is not None else []
 
 

@@ -52,7 +52,7 @@ _PARAMS = ("self", "model", "model_config")
 CHECKPOINT_SHAPE = "checkpoint_shape"
 # Quantization methods whose models are held to the completeness check (None: the
 # unquantized model). Others are refused at engine start on vllm-kunlun platforms.
-CHECKED_QUANTIZATION = (None, "compressed-tensors")
+CHECKED_QUANTIZATION = (None, "compressed-tensors", "awq", "gptq")
 
 Shape = tuple[int, ...]
 
@@ -136,14 +136,19 @@ def expected_shape(
     declared = getattr(param, CHECKPOINT_SHAPE, None)
     if declared is not None:
         return tuple(int(d) for d in declared)
-    if (
-        any(
-            getattr(param, flag, False)
-            for flag in ("is_sharded_weight", "use_bitsandbytes_4bit", "is_gguf_weight")
+    packed_dim = getattr(param, "packed_dim", None)
+    if any(
+        getattr(param, flag, False)
+        for flag in (
+            "is_sharded_weight",
+            "use_bitsandbytes_4bit",
+            "is_gguf_weight",
+            "marlin_tile_size",
         )
-        or getattr(param, "packed_dim", None) is not None
     ):
-        return None  # pre-sharded, packed or GGUF layouts: not served, not checked
+        return (
+            None  # pre-sharded, Marlin-tiled or GGUF layouts: not served, not checked
+        )
     shape = list(param.shape)
     output_dim = getattr(param, "output_dim", None)
     input_dim = getattr(param, "input_dim", None)
@@ -160,6 +165,8 @@ def expected_shape(
         rows = _slot_rows(layer, shard_id)
         if rows is None:
             return None
+        if packed_dim == output_dim:  # 4-bit values packed along the output rows
+            rows //= int(param.packed_factor)
         shape[output_dim] = rows
         return tuple(shape)
     if isinstance(layer, RowParallelLinear):

@@ -89,7 +89,10 @@ LORA = Family("LoRA", None)
 # No switch: the vendor MLA cache write and decode where the policy wants vendor
 # kernels, else portable (ops/mla/seam.py).
 MLA = Family("MLA attention", None)
-FAMILIES = (SAMPLING, INT8_MM, GDN, MOE, CUSTOM_OPS, ATTENTION, LORA, MLA)
+# No switch: vendor gptq_gemm for symmetric weight-only layers where the policy wants
+# vendor kernels, else portable (ops/int4/seam.py).
+WNA16_MM = Family("weight-only int linear", None)
+FAMILIES = (SAMPLING, INT8_MM, GDN, MOE, CUSTOM_OPS, ATTENTION, LORA, MLA, WNA16_MM)
 
 
 @dataclass(frozen=True)

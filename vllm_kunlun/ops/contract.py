@@ -157,5 +157,7 @@ VENDOR_CONTRACT: dict[str, dict[str, tuple[str, ...]]] = {
         # vllm_kunlun/ops/lora/seam.py: gathered LoRA matmuls (punica bgmv).
         "bgmv_shrink_cluster": (),
         "bgmv_expand_cluster": (),
+        # vllm_kunlun/ops/int4/seam.py: weight-only int4 / int8 GEMM (GPTQ layouts).
+        "gptq_gemm": (),
     },
 }

@@ -159,6 +159,37 @@ REGISTRY: tuple[RuntimePatch, ...] = (
         "vLLM registers int8 kernels for out-of-tree platforms",
     ),
     RuntimePatch(
+        "kunlun_wna16_linear_kernel",
+        "vllm_kunlun.ops.int4.wna16_kernel_table_patch",
+        (
+            "vllm.model_executor.layers.quantization.kernels.mixed_precision."
+            "_POSSIBLE_KERNELS",
+        ),
+        "every mixed-precision kernel needs CUDA or vllm._C: compressed-tensors "
+        "W4A16 / W8A16 checkpoints fail with 'Failed to find a kernel that can "
+        "implement the WNA16 linear layer'",
+        (Phase.QUANTIZED_MODEL, Phase.MODEL_PROCESS),
+        "vLLM lists a mixed-precision kernel for out-of-tree platforms",
+    ),
+    RuntimePatch(
+        "kunlun_awq_linear_method",
+        "vllm_kunlun.ops.int4.awq_method",
+        ("vllm.model_executor.layers.quantization.awq.AWQLinearMethod",),
+        "vLLM's AWQ linear method calls awq_gemm / awq_dequantize from vllm._C: "
+        "every AWQ checkpoint fails at its first forward",
+        (Phase.QUANTIZED_MODEL, Phase.MODEL_PROCESS),
+        "vLLM's AWQ kernels run on out-of-tree platforms",
+    ),
+    RuntimePatch(
+        "kunlun_gptq_linear_method",
+        "vllm_kunlun.ops.int4.gptq_method",
+        ("vllm.model_executor.layers.quantization.gptq.GPTQLinearMethod",),
+        "vLLM's GPTQ linear method calls gptq_shuffle / gptq_gemm from vllm._C: "
+        "every GPTQ checkpoint fails while loading",
+        (Phase.QUANTIZED_MODEL, Phase.MODEL_PROCESS),
+        "vLLM's GPTQ kernels run on out-of-tree platforms",
+    ),
+    RuntimePatch(
         "kunlun_vendor_custom_ops",
         "vllm_kunlun.ops.custom_ops",
         ("vllm.model_executor.custom_op.op_registry_oot",),

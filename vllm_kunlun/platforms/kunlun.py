@@ -333,7 +333,7 @@ class KunlunPlatformBase(Platform):
         where ``_budget_guard``, the device-memory budget (the model-path guard is
         installed in ``pre_register_and_update``)."""
         from vllm_kunlun.guards.engine_checks import check_engine_config
-        from vllm_kunlun.ops.int8.schemes import refuse_schemes
+        from vllm_kunlun.ops.int8.schemes import refuse_group_split, refuse_schemes
         from vllm_kunlun.platforms.kunlun_defaults import (
             apply_kunlun_defaults,
             apply_ray_defaults,
@@ -348,6 +348,12 @@ class KunlunPlatformBase(Platform):
 
             refuse_sparse(vllm_config.model_config.hf_config, cls._attn_where)
             complete_routing(vllm_config.model_config.hf_config)
+        if vllm_config.quant_config is not None and vllm_config.model_config:
+            refuse_group_split(
+                vllm_config.quant_config,
+                vllm_config.model_config.hf_text_config,
+                vllm_config.parallel_config.tensor_parallel_size,
+            )
         cls._defaults_first(vllm_config)
         apply_kunlun_defaults(vllm_config)
         apply_ray_defaults(vllm_config, cls.ray_host_cards(vllm_config))

@@ -5,5 +5,8 @@ from __future__ import annotations
 
 __version__ = "vendor-build-fake"
 
-from xspeedgate_ops import _lora  # noqa: F401  (LoRA bgmv kernels)
+from xspeedgate_ops import (
+    _gptq,  # noqa: F401  (weight-only GPTQ GEMM)
+    _lora,  # noqa: F401  (LoRA bgmv kernels)
+)
 from xspeedgate_ops._int8 import CALLS, reset  # noqa: F401  (W8A8 int8 kernels)

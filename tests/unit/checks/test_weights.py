@@ -108,3 +108,106 @@ def test_hostile_dimensions_give_no_estimate(key: str, value: object) -> None:
     if key == "num_hidden_layers":
         text.pop("layer_types")  # the interval default builds the list
     assert estimate_weights({**CONFIG_27B, "text_config": text}) is None
+
+
+# ---- weight-only 4-bit (AWQ, GPTQ, compressed-tensors W4A16) --------------------------
+
+QWEN3_32B_AWQ = {
+    "architectures": ["Qwen3ForCausalLM"],
+    "model_type": "qwen3",
+    "hidden_size": 5120,
+    "intermediate_size": 25600,
+    "num_hidden_layers": 64,
+    "num_attention_heads": 64,
+    "num_key_value_heads": 8,
+    "head_dim": 128,
+    "vocab_size": 151936,
+    "tie_word_embeddings": False,
+    "torch_dtype": "float16",
+    "quantization_config": {
+        "quant_method": "awq",
+        "bits": 4,
+        "group_size": 128,
+        "zero_point": True,
+        "version": "gemm",
+        "modules_to_not_convert": None,
+    },
+}
+# linear params: 64 x (2 x 5120 x 8192 + 2 x 5120 x 1024 + 3 x 5120 x 25600)
+#   = 31,205,621,760; 4-bit: 15,602,810,880; float16 scales per 128: 487,587,840;
+#   4-bit zero points per 128: 121,896,960; embeddings + lm_head float16:
+#   2 x 151,936 x 5120 x 2 = 3,111,649,280. Total 19,323,944,960 (19.3 GB, the size of
+#   the published Qwen3-32B-AWQ safetensors, norms aside).
+QWEN3_32B_AWQ_BYTES = 19_323_944_960
+QWEN2_5_72B_AWQ = {
+    **QWEN3_32B_AWQ,
+    "architectures": ["Qwen2ForCausalLM"],
+    "model_type": "qwen2",
+    "hidden_size": 8192,
+    "intermediate_size": 29696,  # padded from 29,568 so TP 4 / 8 keep whole groups
+    "num_hidden_layers": 80,
+    "num_attention_heads": 64,
+    "num_key_value_heads": 8,
+    "head_dim": 128,
+    "vocab_size": 152064,
+}
+# 80 x (2 x 8192^2 + 2 x 8192 x 1024 + 3 x 8192 x 29696) = 70,464,307,200 linear
+# params: 35,232,153,600 + 1,101,004,800 + 275,251,200 + 2 x 152,064 x 8192 x 2
+# (4,982,833,152) = 41,591,242,752 (biases and norms aside).
+QWEN2_5_72B_AWQ_BYTES = 41_591_242_752
+
+
+def test_awq_estimates_count_4_bit_weights_scales_and_zero_points() -> None:
+    est = estimate_weights(QWEN3_32B_AWQ)
+    assert est is not None and est.total_bytes == QWEN3_32B_AWQ_BYTES
+    assert est.source.startswith("estimated from config.json (AWQ: 4-bit")
+    est = estimate_weights(QWEN2_5_72B_AWQ)
+    assert est is not None and est.total_bytes == QWEN2_5_72B_AWQ_BYTES
+    fp16 = {k: v for k, v in QWEN3_32B_AWQ.items() if k != "quantization_config"}
+    est16 = estimate_weights(fp16)
+    assert est16 is not None
+    # the 4-bit linears are 3.8x smaller than float16 (weights + 1/32 for scales)
+    assert est16.total_bytes - 3_111_649_280 == 2 * 31_205_621_760
+
+
+@pytest.mark.parametrize(
+    ("config", "tp", "per_card"),
+    [
+        (QWEN3_32B_AWQ, 1, QWEN3_32B_AWQ_BYTES),
+        (QWEN3_32B_AWQ, 2, QWEN3_32B_AWQ_BYTES // 2),
+        (QWEN2_5_72B_AWQ, 4, QWEN2_5_72B_AWQ_BYTES // 4),
+    ],
+    ids=["qwen3-32b-awq-tp1", "qwen3-32b-awq-tp2", "qwen2.5-72b-awq-tp4"],
+)
+def test_budget_counts_awq_weights_per_card(
+    tmp_path: Path, config: dict, tp: int, per_card: int
+) -> None:
+    d = tmp_path / "awq"
+    d.mkdir()
+    (d / "config.json").write_text(json.dumps(config))
+    f = check_kv_budget(
+        Context(model=str(d), tensor_parallel_size=tp, device_memory_bytes=96 * GIB)
+    )
+    assert f.details["weights_bytes"] == per_card
+    assert "AWQ: 4-bit linear weights" in f.details["weights_source"]
+
+
+@pytest.mark.parametrize("fmt", ["awq", "gptq", "w4a16"])
+def test_estimate_matches_the_tiny_4_bit_checkpoints(tmp_path: Path, fmt: str) -> None:
+    """Against the bytes written (norms and compressed-tensors' 16-byte
+    ``weight_shape`` records left out, as the estimate says)."""
+    from vllm_kunlun.demo import tiny_int4
+
+    writer = {
+        "awq": tiny_int4.write_tiny_awq,
+        "gptq": tiny_int4.write_tiny_gptq,
+        "w4a16": tiny_int4.write_tiny_w4a16,
+    }[fmt]
+    d = writer(tmp_path / fmt)
+    written = sum(
+        t.numel() * t.element_size()
+        for k, t in load_file(str(d / "model.safetensors")).items()
+        if not k.endswith(("norm.weight", "weight_shape"))
+    )
+    est = estimate_weights(json.loads((d / "config.json").read_text()))
+    assert est is not None and est.total_bytes == written

@@ -66,5 +66,5 @@ def test_fp8_checkpoints_are_refused_with_how_to_dequantize() -> None:
     text = str(err.value)
     assert "fp8_cast_bf16.py" in text and "--output-bf16-hf-path" in text
     with pytest.raises(ValueError) as other:
-        refuse_method("awq", WHERE)
+        refuse_method("bitsandbytes", WHERE)
     assert "fp8_cast_bf16" not in str(other.value)

@@ -1,0 +1,159 @@
+"""The float64 references for the 4-bit end-to-end tests (e2e_runner's ``post`` hooks).
+
+transformers' own Qwen3 modeling code in float64, each quantized linear layer's weight
+dequantized: compressed-tensors checkpoints by compressed-tensors' own
+``PackedQuantizationCompressor`` (unpack, subtract the zero point, times the scale)
+with float64 scales (``post``); AWQ checkpoints by the AutoAWQ unpacking written out
+below (``post_awq``). Activations are not quantized (W4A16), so the engine differs
+from the reference by float rounding only.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+
+try:  # imported by the tests
+    from tests.integration.w8a8_reference import greedy, teacher_forced
+except ImportError:  # run by e2e_runner, next to it
+    from w8a8_reference import greedy, teacher_forced  # type: ignore[no-redef]
+from vllm_kunlun.demo.tiny_int4 import dequantize, layer_args
+
+
+def float64_reference(model_dir: str) -> torch.nn.Module:
+    from safetensors.torch import load_file
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    raw = json.loads((Path(model_dir) / "config.json").read_text())
+    quant = raw.pop("quantization_config")
+    tensors = load_file(str(Path(model_dir) / "model.safetensors"))
+    config = AutoConfig.for_model(**raw)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float64).eval()
+    state = {}
+    for name, t in tensors.items():
+        if name.endswith(".weight_packed"):
+            prefix = name.removesuffix(".weight_packed")
+            args = layer_args(prefix + ".weight", quant)
+            assert args is not None, name
+            state[prefix + ".weight"] = dequantize(tensors, prefix, args).double()
+        elif not name.endswith(("_scale", "_shape", "_zero_point")):
+            state[name] = t.double()
+    model.load_state_dict(state, strict=True)
+    return model
+
+
+def post(spec: dict[str, Any], result: dict[str, Any]) -> dict[str, Any]:
+    return _post(float64_reference(spec["model"]), result)
+
+
+# AutoAWQ's GEMM packing, written out here (independently of the plugin's unpacking):
+# nibble i of each int32 word holds column 8 * word + ORDER[i].
+AWQ_NIBBLE_COLUMNS = (0, 2, 4, 6, 1, 3, 5, 7)
+
+
+def awq_unpack_reference(packed: torch.Tensor) -> torch.Tensor:
+    rows, words = packed.shape
+    out = torch.zeros(rows, words * 8, dtype=torch.int64)
+    p = packed.to(torch.int64) & 0xFFFFFFFF
+    for i, col in enumerate(AWQ_NIBBLE_COLUMNS):
+        out[:, col::8] = (p >> (4 * i)) & 0xF
+    return out
+
+
+def awq_dequantize_reference(
+    tensors: dict[str, torch.Tensor], prefix: str, group_size: int
+) -> torch.Tensor:
+    """``[out, in]`` float64: ``(q - zero) * scale`` per group of input rows."""
+    q = awq_unpack_reference(tensors[f"{prefix}.qweight"])  # [in, out]
+    zeros = awq_unpack_reference(tensors[f"{prefix}.qzeros"])  # [G, out]
+    scales = tensors[f"{prefix}.scales"].double()  # [G, out]
+    g = torch.arange(q.shape[0]) // group_size
+    return ((q - zeros[g]).double() * scales[g]).t().contiguous()
+
+
+def awq_float64_reference(model_dir: str) -> torch.nn.Module:
+    from safetensors.torch import load_file
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    raw = json.loads((Path(model_dir) / "config.json").read_text())
+    quant = raw.pop("quantization_config")
+    tensors = load_file(str(Path(model_dir) / "model.safetensors"))
+    config = AutoConfig.for_model(**raw)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float64).eval()
+    state = {}
+    for name, t in tensors.items():
+        if name.endswith(".qweight"):
+            prefix = name.removesuffix(".qweight")
+            state[prefix + ".weight"] = awq_dequantize_reference(
+                tensors, prefix, quant["group_size"]
+            )
+        elif not name.endswith((".qzeros", ".scales")):
+            state[name] = t.double()
+    model.load_state_dict(state, strict=True)
+    return model
+
+
+def post_awq(spec: dict[str, Any], result: dict[str, Any]) -> dict[str, Any]:
+    return _post(awq_float64_reference(spec["model"]), result)
+
+
+def _post(ref: torch.nn.Module, result: dict[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {"float64_greedy": {}, "float64": {}}
+    for name, rows in result["jobs"].items():
+        out["float64_greedy"][name] = [
+            greedy(ref, r["prompt_token_ids"], len(r["token_ids"])) for r in rows
+        ]
+        out["float64"][name] = [
+            teacher_forced(ref, r["prompt_token_ids"], r["token_ids"]) for r in rows
+        ]
+    return out
+
+
+def gptq_unpack_reference(packed: torch.Tensor, bits: int, dim: int) -> torch.Tensor:
+    """GPTQ's packing read back bit by bit: along ``dim``, value ``f * word + j`` sits
+    at shift ``bits * j`` of the word."""
+    f = 32 // bits
+    p = packed.to(torch.int64) & 0xFFFFFFFF
+    parts = [(p >> (bits * j)) & ((1 << bits) - 1) for j in range(f)]
+    return torch.stack(parts, dim=dim + 1).flatten(dim, dim + 1)
+
+
+def gptq_dequantize_reference(
+    tensors: dict[str, torch.Tensor], prefix: str, bits: int
+) -> torch.Tensor:
+    """``[out, in]`` float64: ``(q - (stored zero + 1)) * scale`` of each input row's
+    group (``g_idx``), GPTQ v1's convention."""
+    q = gptq_unpack_reference(tensors[f"{prefix}.qweight"], bits, 0)  # [in, out]
+    zeros = gptq_unpack_reference(tensors[f"{prefix}.qzeros"], bits, 1) + 1  # [G, out]
+    scales = tensors[f"{prefix}.scales"].double()
+    g = tensors[f"{prefix}.g_idx"].long()
+    return ((q - zeros[g]).double() * scales[g]).t().contiguous()
+
+
+def gptq_float64_reference(model_dir: str) -> torch.nn.Module:
+    from safetensors.torch import load_file
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    raw = json.loads((Path(model_dir) / "config.json").read_text())
+    quant = raw.pop("quantization_config")
+    tensors = load_file(str(Path(model_dir) / "model.safetensors"))
+    config = AutoConfig.for_model(**raw)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float64).eval()
+    state = {}
+    for name, t in tensors.items():
+        if name.endswith(".qweight"):
+            prefix = name.removesuffix(".qweight")
+            state[prefix + ".weight"] = gptq_dequantize_reference(
+                tensors, prefix, quant["bits"]
+            )
+        elif not name.endswith((".qzeros", ".scales", ".g_idx")):
+            state[name] = t.double()
+    model.load_state_dict(state, strict=True)
+    return model
+
+
+def post_gptq(spec: dict[str, Any], result: dict[str, Any]) -> dict[str, Any]:
+    return _post(gptq_float64_reference(spec["model"]), result)
