@@ -368,6 +368,16 @@ REGISTRY: tuple[RuntimePatch, ...] = (
         "vLLM's routes answer errors with their status",
     ),
     RuntimePatch(
+        "openai_served_config",
+        "vllm_kunlun.guards.served_config",
+        ("vllm.entrypoints.openai.api_server.build_app",),
+        "a client cannot ask the server what dtype and quantization it serves "
+        "(/server_info only in dev mode): vllm-kunlun accuracy would judge a float "
+        "model served under a W8A8 checkpoint's name by the checkpoint",
+        _FRONT,
+        "vLLM's API reports the served dtype and quantization",
+    ),
+    RuntimePatch(
         "image_decode_check",
         "vllm_kunlun.guards.media",
         (
