@@ -406,10 +406,13 @@ REGISTRY: tuple[RuntimePatch, ...] = (
             "vllm.multimodal.utils.MediaConnector._load_data_url",
             "vllm.multimodal.media.video.VideoMediaIO.load_base64",
             "vllm.multimodal.media.video.VideoMediaIO.load_bytes",
+            "vllm.multimodal.processing.context.InputProcessingContext."
+            "call_hf_processor",
         ),
         "a data URL without ';base64', a video/jpeg frame list or a picture sent as "
         "video_url fails with an error that names nothing the client sent (some as "
-        "500s)",
+        "500s); an image the model's processor refuses (1 x 100000 pixels) is a 400 "
+        "that drops the processor's reason",
         _FRONT,
         "vLLM validates data URLs and video inputs while it parses a request",
     ),
