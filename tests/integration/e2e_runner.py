@@ -21,7 +21,9 @@ Spec: {"backend": "vllm" | "hf", "model": DIR, "llm": {LLM kwargs},
                   modeling code's own attention, which alone applies Gemma 2's
                   soft-cap; default: transformers' choice),
        "metrics": bool (record vLLM's spec_decode counters after the jobs),
-       "post": "module:function" run after the engine jobs with (spec, result)}
+       "post": "module:function" run after the engine jobs with (spec, result),
+       "distribution": [job names] (their sampled tokens against transformers'
+                       distribution: sampling_reference.reference_pit)}
 A request with "image" carries a small image (multi_modal_data); "images":
 [[width, height, seed], ...] synthetic images and "video": [frames, width, height,
 seed] a synthetic video (synthetic_image / synthetic_video), for the prompt's
@@ -32,7 +34,8 @@ Result: {"jobs": {name: [{"prompt_token_ids", "token_ids", "text",
          "num_cached_tokens", "logprobs", "top_logprobs"}] or [{"error": str | None}]},
          "hf": {name: [...]}, "hf_also": {name: [...]}, "post": ...,
          "exponential_calls": [stack], "serving": [...], "metrics": {name: value},
-         "ranks": [RankProbe records, one per rank], "error": str | None}
+         "ranks": [RankProbe records, one per rank], "distribution": {name: [u]},
+         "error": str | None}
 """
 
 from __future__ import annotations
@@ -175,6 +178,11 @@ def run_vllm(spec: dict[str, Any]) -> dict[str, Any]:
             # after the engine jobs (e.g. a reference model in the same interpreter).
             mod, fn = spec["post"].split(":")
             result["post"] = getattr(importlib.import_module(mod), fn)(spec, result)
+        if spec.get("distribution"):
+            # Sampled tokens against transformers' distribution (sampling_reference).
+            from sampling_reference import reference_pit
+
+            result["distribution"] = reference_pit(spec, result)
         if spec.get("hf_vl_jobs"):
             result["hf_vl"] = run_hf_vl({**spec, "jobs": spec["hf_vl_jobs"]})["jobs"]
         if spec.get("hf_jobs"):

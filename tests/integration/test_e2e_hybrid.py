@@ -36,6 +36,10 @@ from tests.integration.engine_specs import (
     req,
     run_spec,
 )
+from tests.integration.sampling_reference import (
+    assert_follows_reference,
+    distribution_job,
+)
 from vllm_kunlun.demo.run import DEFAULT_PROMPTS
 from vllm_kunlun.demo.tiny_model import vocabulary, write_tiny_model
 from vllm_kunlun.demo.tiny_qwen3_5 import TinyQwen3_5Spec
@@ -101,6 +105,11 @@ SEEDED_B = {  # the same seeded requests with other company, in another order
         SEEDED,
     ],
 }
+# Temperature-1 draws against transformers' softmax (sampling_reference.py); the MoE
+# and pipeline-parallel tests reuse it.
+DISTRIBUTION = distribution_job(
+    ["the quick brown fox", "one two three", "a long river", "night and day"]
+)
 IMAGE = {
     "name": "image",
     "expect_error": True,
@@ -127,9 +136,10 @@ def checkpoints(work: Path) -> dict[str, str]:
 def composite(checkpoints: dict[str, str], work: Path) -> dict:
     spec = engine_spec(
         checkpoints["composite"],
-        [*GREEDY_JOBS, SEEDED_A, IMAGE, SEEDED_B],
+        [*GREEDY_JOBS, SEEDED_A, IMAGE, SEEDED_B, DISTRIBUTION],
         hf_jobs=GREEDY_JOBS,
         hf_cache=True,
+        distribution=[DISTRIBUTION["name"]],
         hf_also={"model": checkpoints["causal"], "jobs": [DEMO], "hf_cache": True},
         llm=LLM_ARGS,
     )
@@ -210,6 +220,12 @@ def test_seeded_sampling_is_reproducible_in_any_batch(composite: dict) -> None:
     assert a[1]["token_ids"] != a[2]["token_ids"]  # another seed, other draws
     greedy_fox = composite["hf"]["greedy"][0]["token_ids"][:12]
     assert a[1]["token_ids"] != greedy_fox  # it samples
+
+
+def test_sampling_follows_transformers_distribution(composite: dict) -> None:
+    """The draws are the model's, not only repeatable: chi-square against
+    transformers' softmax of the same logits at temperature 1."""
+    assert_follows_reference(composite)
 
 
 def test_an_image_without_its_placeholder_is_refused_and_the_engine_keeps_serving(

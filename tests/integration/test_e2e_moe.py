@@ -41,7 +41,14 @@ from tests.integration.engine_specs import (
     req,
     run_spec,
 )
-from tests.integration.test_e2e_hybrid import GREEDY_JOBS, LLM_ARGS, SEEDED_A, SEEDED_B
+from tests.integration.sampling_reference import assert_follows_reference
+from tests.integration.test_e2e_hybrid import (
+    DISTRIBUTION,
+    GREEDY_JOBS,
+    LLM_ARGS,
+    SEEDED_A,
+    SEEDED_B,
+)
 from tests.integration.w8a8_reference import (
     Row,
     assert_greedy_matches,
@@ -88,7 +95,11 @@ def wide(work: Path) -> str:
 @pytest.fixture(scope="module")
 def composite(tiny: str, work: Path) -> dict:
     spec = engine_spec(
-        tiny, [*GREEDY_JOBS, SEEDED_A, SEEDED_B], hf_jobs=GREEDY_JOBS, hf_cache=True
+        tiny,
+        [*GREEDY_JOBS, SEEDED_A, SEEDED_B, DISTRIBUTION],
+        hf_jobs=GREEDY_JOBS,
+        hf_cache=True,
+        distribution=[DISTRIBUTION["name"]],
     )
     return run_spec(spec, work, "composite", timeout=600)
 
@@ -179,6 +190,12 @@ def test_seeded_sampling_is_reproducible_and_never_calls_exponential(
     assert b[1]["token_ids"] == a[1]["token_ids"]
     assert a[1]["token_ids"] != a[2]["token_ids"]
     assert composite["exponential_calls"] == []
+
+
+def test_sampling_follows_transformers_distribution(composite: dict) -> None:
+    """The draws are the model's, not only repeatable: chi-square against
+    transformers' softmax of the same logits at temperature 1."""
+    assert_follows_reference(composite)
 
 
 def test_the_portable_grouped_kernel_served_every_moe_layer(composite: dict) -> None:

@@ -29,6 +29,10 @@ from tests.integration.engine_specs import (
     req,
     run_spec,
 )
+from tests.integration.sampling_reference import (
+    assert_follows_reference,
+    distribution_job,
+)
 from vllm_kunlun.demo.tiny_model import default_cache_dir, ensure_tiny_model
 from vllm_kunlun.demo.tiny_qwen3_5_mtp import TinyQwen3_5MtpSpec, language_prompts
 
@@ -86,6 +90,12 @@ SEEDED_B = {  # the same seeded requests with other company, in another order
         SEEDED,
     ],
 }
+# Sampled at temperature 1 against transformers' softmax: in-language prompts (drafts
+# mostly kept) and English ones (drafts mostly rejected), 8 tokens each so that most
+# come out of verify steps.
+DISTRIBUTION = distribution_job(
+    [LANG[0], "the quick brown fox", LANG[2], "a long river"], max_tokens=8
+)
 
 
 def trained_model_dir() -> Path:
@@ -117,7 +127,8 @@ def run(request: pytest.FixtureRequest, model_dir: str, work: Path) -> dict:
     n = request.param
     spec: dict[str, Any] = engine_spec(
         model_dir,
-        [*GREEDY_JOBS, SEEDED_A, SEEDED_B, ALLOWED_JOB],
+        [*GREEDY_JOBS, SEEDED_A, SEEDED_B, ALLOWED_JOB, DISTRIBUTION],
+        distribution=[DISTRIBUTION["name"]],
         llm={
             **LLM_ARGS,
             "speculative_config": {"method": "mtp", "num_speculative_tokens": n},
@@ -187,6 +198,16 @@ def test_seeded_sampling_with_mtp_is_reproducible_in_any_batch(run: dict) -> Non
     assert b[2]["token_ids"] == a[0]["token_ids"]
     assert b[1]["token_ids"] == a[1]["token_ids"]
     assert a[1]["token_ids"] != a[2]["token_ids"]  # another seed, other draws
+
+
+def test_sampling_with_mtp_follows_transformers_distribution(run: dict) -> None:
+    """Seeded draws repeat (above); this says they are the model's: the tokens the
+    rejection sampler emits, at temperature 1, pass a chi-square test against
+    transformers' softmax of the same logits (tests/integration/sampling_reference.py).
+    A sampler keeping every draft the target gives any mass fails it."""
+    m = run["metrics"]
+    assert m["vllm:spec_decode_num_draft_tokens"] > 0
+    assert_follows_reference(run)
 
 
 CONFIG_PROBE = """

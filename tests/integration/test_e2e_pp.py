@@ -27,7 +27,14 @@ from tests.integration.engine_specs import (
     run_spec,
 )
 from tests.integration.pipeline_runs import stage_layers
-from tests.integration.test_e2e_hybrid import GREEDY_JOBS, LLM_ARGS, SEEDED_A, SEEDED_B
+from tests.integration.sampling_reference import assert_follows_reference
+from tests.integration.test_e2e_hybrid import (
+    DISTRIBUTION,
+    GREEDY_JOBS,
+    LLM_ARGS,
+    SEEDED_A,
+    SEEDED_B,
+)
 from vllm_kunlun.demo.tiny_model import write_tiny_model
 from vllm_kunlun.demo.tiny_qwen3_5 import TinyQwen3_5Spec
 from vllm_kunlun.demo.tiny_qwen3_5_moe import TinyQwen3_5MoeSpec
@@ -51,6 +58,7 @@ def _run(
     jobs: list[dict[str, Any]],
     hf_jobs: list[dict[str, Any]] | None = None,
     env: dict[str, str] | None = None,
+    **extra: Any,
 ) -> dict:
     spec = {
         "backend": "vllm",
@@ -60,6 +68,7 @@ def _run(
         "jobs": jobs,
         "hf_jobs": jobs if hf_jobs is None else hf_jobs,
         "hf_cache": True,
+        **extra,
     }
     return run_spec(spec, work, name, env={**EMULATION, **(env or {})}, timeout=900)
 
@@ -72,8 +81,9 @@ def hybrid(work: Path) -> dict:
         "hybrid",
         model,
         {**LLM_ARGS, **PP2},
-        [*GREEDY_JOBS, SEEDED_A, SEEDED_B],
+        [*GREEDY_JOBS, SEEDED_A, SEEDED_B, DISTRIBUTION],
         hf_jobs=GREEDY_JOBS,
+        distribution=[DISTRIBUTION["name"]],
     )
 
 
@@ -109,6 +119,12 @@ def test_hybrid_seeded_sampling_is_reproducible(hybrid: dict) -> None:
     assert b[2]["token_ids"] == a[0]["token_ids"]
     assert b[1]["token_ids"] == a[1]["token_ids"]
     assert a[1]["token_ids"] != a[2]["token_ids"]  # another seed, other draws
+
+
+def test_hybrid_sampling_follows_transformers_distribution(hybrid: dict) -> None:
+    """The draws across the two stages are the model's, not only repeatable:
+    chi-square against transformers' softmax of the same logits at temperature 1."""
+    assert_follows_reference(hybrid)
 
 
 def test_each_hybrid_stage_holds_only_its_layers(hybrid: dict) -> None:

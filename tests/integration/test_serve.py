@@ -68,6 +68,7 @@ from tests.integration.serve_clients import (
 )
 from vllm_kunlun.demo.server_process import ServerProcess, start_server
 from vllm_kunlun.demo.tiny_model import vocabulary
+from vllm_kunlun.demo.tiny_quant import write_tiny_w8a8
 from vllm_kunlun.envs import registry
 from vllm_kunlun.guards.shutdown import SHUTDOWN_MESSAGE
 
@@ -437,6 +438,28 @@ def test_accuracy_passes_on_the_served_checkpoint(
     assert doc["max_gap"] <= doc["thresholds"]["max_gap"]
     assert len(doc["prompts"]) >= 4 and all(p["positions"] > 0 for p in doc["prompts"])
     assert "Loading weights" not in err  # no progress under --json
+    # Judged by what the server says it serves (runtime patch openai_served_config).
+    assert doc["served_config"] == {
+        "source": "/kunlun/served_config",
+        "model": model_dir,
+        "dtype": "float32",
+        "quantization": None,
+    }
+
+
+def test_accuracy_fails_a_float_server_under_a_w8a8_checkpoints_name(
+    server: ServerProcess, model_dir: str, tmp_path: Path
+) -> None:
+    """The server serves the float tiny model; --model is its W8A8 quantization. The
+    thresholds used to follow the checkpoint (W8A8's loose ones) and it passed; now
+    the server's own report decides, before any reference is loaded."""
+    w8a8 = str(write_tiny_w8a8(tmp_path / "w8a8", float_dir=model_dir))
+    code, doc, err = accuracy_cli(server.url, w8a8)
+    assert code == 1, (doc, err[-3000:])
+    assert doc["passed"] is False and "Traceback" not in err
+    message = doc["error"]
+    assert "unquantized in float32" in message and w8a8 in message, message
+    assert "W8A8" in message and model_dir in message, message
 
 
 def test_sigint_with_24_requests_in_flight_stops_every_process_within_the_bound(

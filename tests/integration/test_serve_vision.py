@@ -8,7 +8,10 @@ with the OpenAI client and plain HTTP.
   the same pixels and the same chat template).
 - Bad input answered with a 400 naming the cause, on a keep-alive connection that then
   serves a normal completion with the engine core alive: corrupt image bytes, a format
-  that is not an image, more images than ``--limit-mm-per-prompt``.
+  that is not an image, more images than ``--limit-mm-per-prompt``, a 1 x 100000
+  image (the processor's aspect-ratio limit and the image's size named), a data URL
+  that is not base64, a picture sent as ``video_url`` (the server takes one video per
+  prompt so that the video is decoded rather than refused by the limit).
 """
 
 from __future__ import annotations
@@ -88,7 +91,7 @@ def server(model_dir: str, media: Path, work: Path) -> Iterator[ServerProcess]:
         "--max-num-seqs",
         "4",
         "--limit-mm-per-prompt",
-        json.dumps({"image": IMAGES_PER_PROMPT, "video": 0}),
+        json.dumps({"image": IMAGES_PER_PROMPT, "video": 1}),
         "--allowed-local-media-path",
         str(media),
     ]
@@ -204,3 +207,35 @@ def test_more_images_than_the_limit_are_a_400_naming_it(
     urls = [data_url(png(16, 16, s)) for s in range(IMAGES_PER_PROMPT + 1)]
     message = _refused(server, kept, image_message(*urls))
     assert f"At most {IMAGES_PER_PROMPT} image(s)" in message, message
+
+
+def test_an_image_of_1_by_100000_pixels_is_a_400_naming_its_aspect_ratio(
+    server: ServerProcess, kept: Client
+) -> None:
+    message = _refused(server, kept, image_message(data_url(png(100000, 1, 3))))
+    assert "aspect ratio must be smaller than 200" in message, message
+    assert "100000 x 1 pixels" in message and "Qwen3VLProcessor" in message, message
+
+
+def test_a_data_url_that_is_not_base64_is_a_400_naming_it(
+    server: ServerProcess, kept: Client
+) -> None:
+    message = _refused(server, kept, image_message("data:image/png,raw"))
+    assert "not base64" in message and "data:image/png;base64," in message, message
+
+
+def test_an_image_sent_as_video_url_is_a_400_naming_it(
+    server: ServerProcess, kept: Client
+) -> None:
+    messages = [
+        {
+            "role": "user",
+            "content": [
+                {"type": "video_url", "video_url": {"url": data_url(png(56, 40, 5))}},
+                {"type": "text", "text": QUESTION},
+            ],
+        }
+    ]
+    message = _refused(server, kept, messages)
+    assert "video could not be decoded" in message, message
+    assert "a picture goes in image_url" in message, message

@@ -37,7 +37,9 @@ def add_parser(sub: Any) -> None:
         "prompt logprobs of a few prompts, computes the same with transformers from "
         "--model (the served checkpoint directory) on the CPU, and judges top-1 "
         "agreement and logprob gaps by the served precision's thresholds "
-        "(docs/accuracy.md). Exit 0 pass, 1 wrong deployment, 2 usage or "
+        "(docs/accuracy.md); the served dtype and quantization are asked from the "
+        "server, and one that serves another quantization than --model's fails. "
+        "Exit 0 pass, 1 wrong deployment, 2 usage or "
         "connection error.",
     )
     p.add_argument(
@@ -68,7 +70,8 @@ def add_parser(sub: Any) -> None:
         choices=DTYPES,
         default="auto",
         help="the dtype the server computes in, as given to vllm serve --dtype; "
-        "chooses the thresholds (default auto: the checkpoint's config.json dtype)",
+        "chooses the thresholds (default auto: what the server reports, else the "
+        "checkpoint's config.json dtype)",
     )
     p.add_argument(
         "--timeout",
@@ -171,8 +174,6 @@ def run_accuracy_command(args: argparse.Namespace) -> int:
         ckpt = reference.inspect_checkpoint(args.model)
     except (UsageError, reference.ReferenceUnavailable) as exc:
         return _fail(args, 2, str(exc))
-    dtype = ckpt.dtype if args.dtype == "auto" else args.dtype
-    precision, th = compare.thresholds_for(dtype, ckpt.quant)
 
     # The server first: a wrong --url is found before minutes of loading.
     try:
@@ -187,6 +188,12 @@ def run_accuracy_command(args: argparse.Namespace) -> int:
                     "--served-model",
                 )
             name = names[0]
+        config = endpoint.served_config(args.url, name, args.timeout)
+        # Judge by what the server computes with, when it says.
+        dtype, quant = compare.served_precision(
+            config, ckpt.quant, ckpt.dtype, args.dtype, args.model, name
+        )
+        precision, th = compare.thresholds_for(dtype, quant)
         served = []
         for i, prompt in enumerate(prompts, 1):
             _progress(args, f"server: prompt {i}/{len(prompts)}")
@@ -196,8 +203,10 @@ def run_accuracy_command(args: argparse.Namespace) -> int:
                     args, 2, f"prompt {prompt!r} is one token: give at least two"
                 )
             served.append(answer)
-    except endpoint.EndpointError as exc:
+    except (endpoint.EndpointError, compare.DtypeConflict) as exc:
         return _fail(args, 2, str(exc))
+    except compare.ServedMismatch as exc:
+        return _fail(args, 1, str(exc))
 
     longest = max(len(s.token_ids) for s in served)
     try:
@@ -236,7 +245,13 @@ def run_accuracy_command(args: argparse.Namespace) -> int:
         model=args.model,
         served_model=name,
         served_dtype=dtype,
-        quantization=ckpt.quant,
+        quantization=quant,
+        served_config={
+            "source": config.source,
+            "model": config.model,
+            "dtype": config.dtype,
+            "quantization": config.quantization,
+        },
         reference_dtype=plan.dtype,
     )
     if args.json:

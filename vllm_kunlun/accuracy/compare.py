@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from vllm_kunlun.accuracy.endpoint import ServerPrompt
+from vllm_kunlun.accuracy.endpoint import ServedConfig, ServerPrompt
 from vllm_kunlun.accuracy.reference import ReferencePrompt
 
 
@@ -46,6 +46,63 @@ def thresholds_for(dtype: str, quant: str) -> tuple[str, Thresholds]:
     """The served precision's key and thresholds (W8A8 dominates the float dtype)."""
     key = "w8a8" if quant == "w8a8" else dtype
     return key, THRESHOLDS[key]
+
+
+# vLLM's quantization method of the checkpoints the reference knows, by ours.
+SERVED_QUANT = {"compressed-tensors": "w8a8", None: "none"}
+_QUANT_WORDS = {
+    "w8a8": "a compressed-tensors W8A8 checkpoint",
+    "none": "an unquantized checkpoint",
+}
+
+
+class ServedMismatch(ValueError):
+    """The server computes with another precision than the checkpoint's (exit 1)."""
+
+
+class DtypeConflict(ValueError):
+    """--dtype contradicts what the server reports (exit 2)."""
+
+
+def served_precision(
+    served: ServedConfig,
+    checkpoint_quant: str,
+    checkpoint_dtype: str,
+    dtype_flag: str,
+    model_dir: str,
+    name: str,
+) -> tuple[str, str]:
+    """(dtype, quantization) to judge by: what the server reports, when it reports it;
+    the checkpoint's (and ``--dtype``) otherwise. ServedMismatch when the server
+    serves another quantization than the checkpoint's, naming both."""
+    if not served.known:
+        dtype = checkpoint_dtype if dtype_flag == "auto" else dtype_flag
+        return dtype, checkpoint_quant
+    quant = SERVED_QUANT.get(served.quantization, str(served.quantization))
+    if quant != checkpoint_quant:
+        how = (
+            f"quantized with {served.quantization}"
+            if served.quantization
+            else "unquantized"
+        )
+        loaded = f" (it loaded {served.model})" if served.model else ""
+        raise ServedMismatch(
+            f"the server serves {name!r} {how} in {served.dtype}{loaded}, but --model "
+            f"{model_dir} is {_QUANT_WORDS.get(checkpoint_quant, checkpoint_quant)}: "
+            "it does not serve this checkpoint. Start the server on this checkpoint, "
+            "or give --model the directory it serves"
+        )
+    if served.dtype not in THRESHOLDS:
+        raise DtypeConflict(
+            f"the server reports it computes in {served.dtype} ({served.source}): "
+            f"no thresholds for it (known: {', '.join(t for t in THRESHOLDS if t != 'w8a8')})"
+        )
+    if dtype_flag not in ("auto", served.dtype):
+        raise DtypeConflict(
+            f"--dtype {dtype_flag}, but the server reports it computes in "
+            f"{served.dtype} ({served.source}); leave --dtype at auto"
+        )
+    return str(served.dtype), quant
 
 
 class TokenizationMismatch(ValueError):

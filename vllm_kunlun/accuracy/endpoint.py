@@ -8,6 +8,11 @@ vLLM 0.15.1 ``CompletionRequest.prompt_logprobs: int | None``) and answers, per 
 ``{logprob, rank, decoded_token}`` plus the ``k`` most likely tokens. With ``k = 1`` the
 entry of rank 1 is the server's argmax, so one request per prompt gives both numbers
 compared. ``return_token_ids`` adds ``prompt_token_ids``, the server's tokenization.
+
+What the server computes with (``served_config``): the plugin's
+``GET /kunlun/served_config`` (runtime patch ``openai_served_config``), else vLLM's
+``/server_info`` (only under ``VLLM_SERVER_DEV_MODE=1``), else nothing but the
+directory ``/v1/models`` names as the model's ``root``.
 """
 
 from __future__ import annotations
@@ -46,6 +51,17 @@ def base_url(url: str) -> str:
     """``http://host:port`` whether or not the user added ``/v1``."""
     url = url.rstrip("/")
     return url[: -len("/v1")] if url.endswith("/v1") else url
+
+
+@dataclass(frozen=True)
+class ServedConfig:
+    """What the server says it computes with (None: it does not say)."""
+
+    source: str  # the route that said it
+    model: str | None  # the checkpoint directory the server loaded
+    dtype: str | None  # "float32", "bfloat16", "float16"
+    quantization: str | None  # vLLM's method name ("compressed-tensors"), or None
+    known: bool  # dtype and quantization were reported
 
 
 def _request(url: str, body: dict[str, Any] | None, timeout: float) -> Any:
@@ -93,6 +109,53 @@ def served_models(url: str, timeout: float) -> list[str]:
         raise EndpointError(
             f"{url}/v1/models is not an OpenAI model list; is --url a vLLM server?"
         ) from None
+
+
+def _optional(url: str, timeout: float) -> Any:
+    """GET ``url``'s JSON, or None when the server has no such route (404)."""
+    try:
+        return _request(url, None, timeout)
+    except EndpointError as exc:
+        if "answered HTTP 404" in str(exc) or "answered HTTP 405" in str(exc):
+            return None
+        raise
+
+
+def _dtype(value: Any) -> str | None:
+    return None if value is None else str(value).removeprefix("torch.")
+
+
+def served_config(url: str, name: str, timeout: float) -> ServedConfig:
+    """What the server at ``url`` computes ``name`` with (see the module docstring)."""
+    base = base_url(url)
+    doc = _optional(f"{base}/kunlun/served_config", timeout)
+    if isinstance(doc, dict) and "dtype" in doc:
+        return ServedConfig(
+            "/kunlun/served_config",
+            doc.get("model"),
+            _dtype(doc.get("dtype")),
+            doc.get("quantization"),
+            True,
+        )
+    info = _optional(f"{base}/server_info?config_format=json", timeout)
+    config = info.get("vllm_config") if isinstance(info, dict) else None
+    model = config.get("model_config") if isinstance(config, dict) else None
+    if isinstance(model, dict) and "dtype" in model:
+        return ServedConfig(
+            "/server_info",
+            model.get("model"),
+            _dtype(model.get("dtype")),
+            model.get("quantization"),
+            True,
+        )
+    listing = _request(f"{base}/v1/models", None, timeout)
+    roots = [
+        m.get("root")
+        for m in (listing.get("data") or [] if isinstance(listing, dict) else [])
+        if isinstance(m, dict) and m.get("id") == name
+    ]
+    root = roots[0] if roots and isinstance(roots[0], str) else None
+    return ServedConfig("/v1/models", root, None, None, False)
 
 
 def completion_body(model: str, prompt: str) -> dict[str, Any]:

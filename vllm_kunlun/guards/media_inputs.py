@@ -8,11 +8,16 @@ servers answer 500 (or, through their error path, 200 with an error body):
 - a ``video/jpeg`` data URL (a list of base64 JPEG frames): decoded, then the Qwen-VL
   video processor fails on ``VideoMetadata.__init__() missing total_num_frames``
   (vLLM's frame-list loader returns no metadata): the format is not served;
-- a PNG sent as ``video_url``: numpy's ``UFuncTypeError`` from the video loader.
+- a PNG sent as ``video_url``: numpy's ``UFuncTypeError`` from the video loader;
+- an input the model's HF processor refuses (a 1 x 100000 image: Qwen-VL's
+  ``absolute aspect ratio must be smaller than 200``): vLLM's ``ValueError`` says
+  only "Failed to apply <processor> on data=..." and drops the processor's reason.
 How: ``MediaConnector._load_data_url`` checks the URL's form before vLLM splits it;
 ``VideoMediaIO.load_base64`` refuses ``video/jpeg`` naming the formats that are
 served; ``VideoMediaIO.load_bytes`` turns any failure to decode into a ``ValueError``
-naming it. Each refusal is a ``ValueError`` (400 from the servers).
+naming it; ``InputProcessingContext.call_hf_processor``'s refusal gets the
+processor's own reason and the sizes of the images appended. Each refusal is a
+``ValueError`` (400 from the servers).
 Installed with the engine guards (``Phase.FRONT_END``).
 Removal: when vLLM validates data URLs and video inputs while it parses a request.
 """
@@ -39,8 +44,13 @@ def data_url_problem(path: str) -> str | None:
     if not comma:
         return "it has no ',' before the data"
     media_type, semicolon, encoding = spec.partition(";")
-    if not semicolon or not media_type.strip("/"):
-        return "it names no media type and encoding (data:<type>;base64,<data>)"
+    if not media_type.strip("/"):
+        return "it names no media type (data:<type>;base64,<data>)"
+    if not semicolon:
+        return (
+            f"it is not base64 (no ';base64' after {media_type.strip('/')!r}: the "
+            "data would be read as raw text)"
+        )
     if encoding != "base64":
         return f"its encoding is {encoding!r}; only base64 is read"
     return None
@@ -99,6 +109,36 @@ def _make_video_bytes(original: Any) -> Any:
     return load_bytes
 
 
+def _sizes(data: Any) -> str:
+    """``(images of W x H pixels)`` for the PIL images in a processor call's data."""
+    images = data.get("images") if isinstance(data, dict) else None
+    if images is None:
+        return ""
+    items = images if isinstance(images, (list, tuple)) else [images]
+    sizes = [f"{i.size[0]} x {i.size[1]}" for i in items if hasattr(i, "size")]
+    return f" (images of {', '.join(sizes)} pixels)" if sizes else ""
+
+
+def _make_processor_call(original: Any) -> Any:
+    @functools.wraps(original)
+    def call_hf_processor(
+        self: Any, hf_processor: Any, data: Any, *a: Any, **k: Any
+    ) -> Any:
+        try:
+            return original(self, hf_processor, data, *a, **k)
+        except ValueError as exc:
+            cause = exc.__cause__
+            if cause is None or str(cause) in str(exc):
+                raise
+            raise MediaInputError(
+                f"{type(hf_processor).__name__} refused the request's media"
+                f"{_sizes(data)}: {cause}; resize or re-encode the input to fit "
+                "the model's processor"
+            ) from exc
+
+    return call_hf_processor
+
+
 _PATCHES = (
     AttributePatch(
         NAME,
@@ -120,6 +160,16 @@ _PATCHES = (
         "VideoMediaIO.load_bytes",
         _make_video_bytes,
         _check("VideoMediaIO.load_bytes", ("self", "data")),
+    ),
+    AttributePatch(
+        NAME,
+        "vllm.multimodal.processing.context",
+        "InputProcessingContext.call_hf_processor",
+        _make_processor_call,
+        _check(
+            "InputProcessingContext.call_hf_processor",
+            ("self", "hf_processor", "data", "kwargs", "num_tries", "max_tries"),
+        ),
     ),
 )
 

@@ -421,6 +421,16 @@ REGISTRY: tuple[RuntimePatch, ...] = (
         "vLLM's routes answer errors with their status",
     ),
     RuntimePatch(
+        "openai_served_config",
+        "vllm_kunlun.guards.served_config",
+        ("vllm.entrypoints.openai.api_server.build_app",),
+        "a client cannot ask the server what dtype and quantization it serves "
+        "(/server_info only in dev mode): vllm-kunlun accuracy would judge a float "
+        "model served under a W8A8 checkpoint's name by the checkpoint",
+        _FRONT,
+        "vLLM's API reports the served dtype and quantization",
+    ),
+    RuntimePatch(
         "image_decode_check",
         "vllm_kunlun.guards.media",
         (
@@ -449,10 +459,13 @@ REGISTRY: tuple[RuntimePatch, ...] = (
             "vllm.multimodal.utils.MediaConnector._load_data_url",
             "vllm.multimodal.media.video.VideoMediaIO.load_base64",
             "vllm.multimodal.media.video.VideoMediaIO.load_bytes",
+            "vllm.multimodal.processing.context.InputProcessingContext."
+            "call_hf_processor",
         ),
         "a data URL without ';base64', a video/jpeg frame list or a picture sent as "
         "video_url fails with an error that names nothing the client sent (some as "
-        "500s)",
+        "500s); an image the model's processor refuses (1 x 100000 pixels) is a 400 "
+        "that drops the processor's reason",
         _FRONT,
         "vLLM validates data URLs and video inputs while it parses a request",
     ),

@@ -53,7 +53,8 @@ def test_without_the_patch_vllm_names_nothing_the_client_sent() -> None:
 @pytest.mark.parametrize(
     ("url", "words"),
     [
-        ("data:image/png,raw", "names no media type and encoding"),
+        ("data:image/png,raw", "it is not base64 (no ';base64' after 'image/png'"),
+        ("data:;base64,abc", "names no media type"),
         ("data:image/png;utf8,abc", "only base64 is read"),
         ("data:image/png;base64", "no ','"),
     ],
