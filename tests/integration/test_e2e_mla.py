@@ -16,6 +16,12 @@ behind a long one, mixed prefill / decode batches.
 - ``deepseek_v3_vendor``: V3 in a third geometry with the vendor kernels asked for
   (``VLLM_KUNLUN_EMULATION_VENDOR=1``, tests/fakes): the latent cache written by
   ``concat_and_cache_mla`` and the decodes on ``fwd_kvcache_mla``.
+- ``deepseek_v3_mtp``: V3 in a fourth geometry with one multi-token-prediction layer
+  added to transformers' checkpoint (``moe_families.add_mtp_layer``: transformers has
+  no MTP head and ignores it), served with ``deepseek_mtp`` speculative decoding, two
+  drafts per step: greedy still transformers' (the target alone), drafts proposed and
+  some accepted by vLLM's counters, seeded sampling through the rejection sampler on
+  the plugin's kernels (no ``exponential_``), reproducible in another batch.
 """
 
 from __future__ import annotations
@@ -29,7 +35,10 @@ import pytest
 from tests.integration import moe_families
 from tests.integration.engine_specs import (
     EMULATION,
+    GREEDY_TOKENS,
     LLM_ARGS,
+    SEEDED_A,
+    SEEDED_B,
     TOKEN_BUDGET,
     assert_greedy_equal,
     run_spec,
@@ -40,6 +49,7 @@ pytestmark = pytest.mark.slow
 
 RECORD_ENV = "FAKE_KUNLUN_OPS_RECORD"
 V2_GEOMETRY = {"kv_lora_rank": 48, "rope": 8, "nope": 24, "v_head": 16, "heads": 2}
+MTP_GEOMETRY = {"kv_lora_rank": 16, "rope": 8, "nope": 16, "v_head": 16, "heads": 4}
 VENDOR_GEOMETRY = {"kv_lora_rank": 24, "rope": 8, "nope": 8, "v_head": 8, "heads": 8}
 
 
@@ -54,18 +64,26 @@ def _run(
     family: str,
     llm: dict[str, Any] | None = None,
     env: dict[str, str] | None = None,
+    mtp: bool = False,
+    extra_jobs: list[dict[str, Any]] | None = None,
     **shape: Any,
 ) -> dict:
     model = str(moe_families.write(family, work / name, **shape))
+    if mtp:
+        moe_families.add_mtp_layer(model)
     spec = {
         "backend": "vllm",
         "model": model,
         "llm": {**LLM_ARGS, **(llm or {})},
         "engine_in_process": True,
-        "jobs": GREEDY_JOBS,
+        "jobs": GREEDY_JOBS + (extra_jobs or []),
         "hf_jobs": GREEDY_JOBS,
         "hf_cache": True,
     }
+    if mtp:
+        # Guards Tensor.exponential_ (the rejection sampler must not draw on the host
+        # path vLLM's own code takes) and records vLLM's spec-decode counters.
+        spec |= {"guard_exponential": True, "metrics": True}
     return run_spec(spec, work, name, env=env, timeout=900)
 
 
@@ -91,7 +109,19 @@ def deepseek_v3_vendor(work: Path) -> dict:
     return run
 
 
-RUNS = ["deepseek_v3", "deepseek_v2", "deepseek_v3_vendor"]
+@pytest.fixture(scope="module")
+def deepseek_v3_mtp(work: Path) -> dict:
+    llm = {
+        "speculative_config": {"method": "deepseek_mtp", "num_speculative_tokens": 2},
+        "disable_log_stats": False,  # the spec-decode counters
+    }
+    seeded = [SEEDED_A, SEEDED_B]
+    return _run(
+        work, "deepseek_v3_mtp", "deepseek_v3", llm, None, True, seeded, **MTP_GEOMETRY
+    )
+
+
+RUNS = ["deepseek_v3", "deepseek_v2", "deepseek_v3_vendor", "deepseek_v3_mtp"]
 
 
 @pytest.mark.parametrize("name", RUNS)
@@ -139,3 +169,41 @@ def test_vendor_run_wrote_the_cache_and_decoded_on_the_vendor_kernels(
     assert any(shape[0] > 1 for shape in widths), widths
     heads, width = VENDOR_GEOMETRY["heads"], 24 + 8
     assert all(shape[1:] == (1, heads, width) for shape in widths), widths
+
+
+def test_mtp_drafts_were_proposed_and_some_accepted(deepseek_v3_mtp: dict) -> None:
+    # vLLM's own spec-decode counters: DeepSeekMTP proposed two drafts per decode step;
+    # the hand-made head agrees with the target now and then, and whatever was accepted
+    # or rejected, the greedy output above is transformers' (the target alone).
+    m = deepseek_v3_mtp["metrics"]
+    drafts = m["vllm:spec_decode_num_draft_tokens"]
+    accepted = m["vllm:spec_decode_num_accepted_tokens"]
+    per_pos = m["vllm:spec_decode_num_accepted_tokens_per_pos"]
+    assert drafts >= 2 * GREEDY_TOKENS, m
+    assert 0 < accepted < drafts, m
+    assert len(per_pos) == 2 and per_pos[0] > 0 and sum(per_pos) == accepted, m
+
+
+def test_mtp_rejection_on_the_plugins_sampler(deepseek_v3_mtp: dict) -> None:
+    # Sampled requests under speculation go through vLLM's rejection sampler with the
+    # plugin's kernels and recovered-token noise: vLLM's own path would have called
+    # Tensor.exponential_ (guarded) and its Triton kernels (no driver here).
+    assert deepseek_v3_mtp["exponential_calls"] == []
+    a, b = deepseek_v3_mtp["jobs"]["seeded_a"], deepseek_v3_mtp["jobs"]["seeded_b"]
+    assert all(len(r["token_ids"]) == 12 for r in a + b)
+    # Seeded requests with top-k / top-p draw the same tokens in another batch.
+    assert b[5]["token_ids"] == a[2]["token_ids"]
+    assert b[3]["token_ids"] == a[4]["token_ids"]
+    assert a[1]["token_ids"] != a[5]["token_ids"]  # another seed, other draws
+
+
+@pytest.mark.xfail(
+    strict=False,
+    reason="found here, not fixed: under DeepSeek MTP (prefix caching on) seeded "
+    "temperature-only requests and the chunked long one draw other tokens in another "
+    "batch; the Qwen3.5 MTP run (prefix caching off) reproduces them",
+)
+def test_mtp_seeded_sampling_reproducible_in_any_batch(deepseek_v3_mtp: dict) -> None:
+    a, b = deepseek_v3_mtp["jobs"]["seeded_a"], deepseek_v3_mtp["jobs"]["seeded_b"]
+    assert b[4]["token_ids"] == a[1]["token_ids"]
+    assert b[1]["token_ids"] == a[0]["token_ids"]

@@ -339,6 +339,10 @@ class KunlunPlatformBase(Platform):
 
             refuse_sparse(vllm_config.model_config.hf_config, cls._attn_where)
             complete_routing(vllm_config.model_config.hf_config)
+            spec = vllm_config.speculative_config
+            if spec is not None and spec.draft_model_config is not None:
+                # DeepSeek MTP: the draft reads its own copy of the config.
+                complete_routing(spec.draft_model_config.hf_config)
         cls._defaults_first(vllm_config)
         apply_kunlun_defaults(vllm_config)
         apply_ray_defaults(vllm_config, cls.ray_host_cards(vllm_config))
