@@ -41,9 +41,15 @@ from tests.integration.engine_specs import (
     SEEDED_B,
     TOKEN_BUDGET,
     assert_greedy_equal,
+    moe_paths,
     run_spec,
 )
 from tests.integration.test_e2e_hybrid import GREEDY_JOBS
+from tests.integration.w8a8_reference import (
+    Row,
+    assert_greedy_matches,
+    assert_logprobs_match,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -119,6 +125,51 @@ def deepseek_v3_mtp(work: Path) -> dict:
     return _run(
         work, "deepseek_v3_mtp", "deepseek_v3", llm, None, True, seeded, **MTP_GEOMETRY
     )
+
+
+# W8A8-INT8 (compressed-tensors, per-channel int8 weights, per-token dynamic int8
+# activations): the MLA projections, the dense and shared MLPs and the routed experts.
+# kv_b_proj stays float (``ignore``): vLLM runs it as a linear layer (activations
+# quantized) for prefills but dequantizes it into the absorbed W_UK / W_UV for decodes
+# (activations not quantized), so with it int8 no single reference computes what the
+# engine does. The router and lm_head stay float, as in released checkpoints.
+W8A8_WEIGHTS = (
+    r"model\.layers\.\d+\.(self_attn\.(q_a_proj|q_b_proj|kv_a_proj_with_mqa|o_proj)"
+    r"|mlp\.(experts\.\d+\.|shared_experts\.)?(gate|up|down)_proj)\.weight"
+)
+W8A8_IGNORE = ["lm_head", "re:.*mlp.gate$", "re:.*kv_b_proj$"]
+W8A8_JOBS = [
+    {
+        "name": job["name"],
+        "requests": [
+            {**r, "sampling": {**r["sampling"], "logprobs": 1}} for r in job["requests"]
+        ],
+    }
+    for job in GREEDY_JOBS
+]
+
+
+@pytest.fixture(scope="module")
+def deepseek_v3_w8a8(work: Path) -> dict:
+    from safetensors import safe_open
+
+    from vllm_kunlun.demo.tiny_quant import quantize_checkpoint, select
+
+    model = moe_families.write("deepseek_v3", work / "deepseek_v3_w8a8", seed=3)
+    with safe_open(str(model / "model.safetensors"), "pt") as f:
+        names = list(f.keys())
+    quantize_checkpoint(model, select(names, W8A8_WEIGHTS), W8A8_IGNORE)
+    spec = {
+        "backend": "vllm",
+        "model": str(model),
+        "llm": LLM_ARGS,
+        "engine_in_process": True,
+        "jobs": W8A8_JOBS,
+        "post": "w8a8_reference:post_float64",
+    }
+    run = run_spec(spec, work, "deepseek_v3_w8a8", timeout=900)
+    run["int8"] = [n for n in names if n in select(names, W8A8_WEIGHTS)]
+    return run
 
 
 RUNS = ["deepseek_v3", "deepseek_v2", "deepseek_v3_vendor", "deepseek_v3_mtp"]
@@ -207,3 +258,47 @@ def test_mtp_seeded_sampling_reproducible_in_any_batch(deepseek_v3_mtp: dict) ->
     a, b = deepseek_v3_mtp["jobs"]["seeded_a"], deepseek_v3_mtp["jobs"]["seeded_b"]
     assert b[4]["token_ids"] == a[1]["token_ids"]
     assert b[1]["token_ids"] == a[0]["token_ids"]
+
+
+def _w8a8_rows(run: dict) -> list[Row]:
+    post = run["post"]
+    return [
+        row
+        for job in W8A8_JOBS
+        for row in zip(
+            run["jobs"][job["name"]],
+            post["float64_greedy"][job["name"]],
+            post["float64"][job["name"]],
+            strict=True,
+        )
+    ]
+
+
+def test_w8a8_deepseek_greedy_equals_the_float64_same_quantization_reference(
+    deepseek_v3_w8a8: dict,
+) -> None:
+    int8 = deepseek_v3_w8a8["int8"]
+    for kind in ("q_a_proj", "q_b_proj", "kv_a_proj_with_mqa", "o_proj", "experts."):
+        assert any(kind in n for n in int8), kind
+    assert not any("kv_b_proj" in n for n in int8)
+    rows = _w8a8_rows(deepseek_v3_w8a8)
+    for got, want, _ in rows:
+        if len(want) == GREEDY_TOKENS:  # the reference is not degenerate
+            assert len(set(want)) > GREEDY_TOKENS // 2, want
+        assert got["logprobs"], got  # one per token, compared below
+    assert_greedy_matches(rows)
+    assert_logprobs_match(rows)
+
+
+def test_w8a8_deepseek_served_on_the_plugins_int8_and_mla_kernels(
+    deepseek_v3_w8a8: dict,
+) -> None:
+    (info,) = deepseek_v3_w8a8["serving"]
+    assert info["linear_kernels"] == [
+        "vllm_kunlun.ops.int8.int8_kernel.KunlunInt8ScaledMMLinearKernel"
+    ]
+    assert info["attention_impls"] == ["vllm_kunlun.ops.mla.backend.PluginMLAImpl"]
+    # The routed experts on the plugin's grouped-expert kernel (int8: the reference
+    # above quantizes their inputs as the engine must).
+    assert moe_paths(deepseek_v3_w8a8)["portable"] > 0, info["moe_kernels"]
+    assert info["mla_kernels"], info
