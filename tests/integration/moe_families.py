@@ -16,6 +16,7 @@ shares.
 
 from __future__ import annotations
 
+import json
 import math
 import sys
 from pathlib import Path
@@ -208,6 +209,45 @@ def write(family: str, out: str | Path, seed: int = 0, **shape: Any) -> Path:
     _redraw(model, seed + 1)
     model.save_pretrained(out)
     write_tokenizer_files(out, vocab)
+    return out
+
+
+def add_mtp_layer(out: str | Path, seed: int = 7) -> Path:
+    """Give a DeepSeek checkpoint written by ``write`` one multi-token-prediction layer,
+    as DeepSeek-V3 ships it: the tensors of layer ``num_hidden_layers`` (``enorm``,
+    ``hnorm``, ``eh_proj``, ``shared_head.norm/head``, its own ``embed_tokens`` and a
+    whole decoder layer) and ``num_nextn_predict_layers: 1`` in config.json.
+
+    transformers has no MTP head (it ignores these tensors), so they are added here:
+    the decoder layer is a copy of the last one, the embeddings, final norm and head
+    are the model's own, and ``eh_proj`` passes the target's hidden state through
+    (plus the next token's embedding, scaled down), so the draft is the target's own
+    guess continued by one more layer and agrees with the target now and then."""
+    from safetensors.torch import load_file, save_file
+
+    out = Path(out)
+    config = json.loads((out / "config.json").read_text())
+    n, hidden = config["num_hidden_layers"], config["hidden_size"]
+    path = out / "model.safetensors"
+    tensors = load_file(str(path))
+    last, mtp = f"model.layers.{n - 1}.", f"model.layers.{n}."
+    for name, t in list(tensors.items()):
+        if name.startswith(last):
+            tensors[mtp + name[len(last) :]] = t.clone()
+    gen = torch.Generator().manual_seed(seed)
+    eye = torch.eye(hidden)
+    noise = torch.randn(hidden, hidden, generator=gen) / (10 * math.sqrt(hidden))
+    tensors[mtp + "eh_proj.weight"] = torch.cat([0.1 * eye, eye + noise], dim=1)
+    tensors[mtp + "enorm.weight"] = torch.ones(hidden)
+    tensors[mtp + "hnorm.weight"] = torch.ones(hidden)
+    tensors[mtp + "embed_tokens.weight"] = tensors["model.embed_tokens.weight"].clone()
+    tensors[mtp + "shared_head.norm.weight"] = tensors["model.norm.weight"].clone()
+    tensors[mtp + "shared_head.head.weight"] = tensors["lm_head.weight"].clone()
+    save_file(
+        {k: v.contiguous() for k, v in tensors.items()}, str(path), {"format": "pt"}
+    )
+    config["num_nextn_predict_layers"] = 1
+    (out / "config.json").write_text(json.dumps(config, indent=2))
     return out
 
 

@@ -12,7 +12,8 @@ model that wrote it. Likewise vLLM always builds DeepSeek's experts with grouped
 top-k and asserts ``n_group`` / ``topk_group``, which a transformers-written V2 config
 with ``topk_method: greedy`` leaves None (DeepSeek-V2-Lite's released config says 1 and
 1: one group, plain top-k). ``complete_routing`` fills in what is absent, logged once;
-a config that names its routing is left as it is.
+a config that names its routing is left as it is. The platform completes the MTP
+draft's config too (vLLM reads it again for the draft and calls it ``deepseek_mtp``).
 
 ``refuse_sparse`` stops DeepSeek-V3.2 (its DSA indexer, ``index_topk`` in the config)
 at engine start, before any weight is read, with the words of the MLA backend's own
@@ -29,8 +30,9 @@ from vllm_kunlun.logger import init_logger
 
 logger = init_logger(__name__)
 
-# Model types whose transformers model always routes the DeepSeek-V3 way.
-V3_ROUTING_TYPES = ("deepseek_v3", "kimi_k2")
+# Model types whose transformers model always routes the DeepSeek-V3 way; vLLM renames
+# a DeepSeek-V3 config ``deepseek_mtp`` for its MTP draft (SpeculativeConfig).
+V3_ROUTING_TYPES = ("deepseek_v3", "kimi_k2", "deepseek_mtp")
 V3_ROUTING = {"topk_method": "noaux_tc", "scoring_func": "sigmoid"}
 # Plain top-k as vLLM's grouped routing spells it (DeepSeek-V2-Lite's released values).
 GREEDY_GROUPS = {"n_group": 1, "topk_group": 1}

@@ -5,8 +5,8 @@ are in ``vllm_kunlun/ops/gdn/patches.py``.
 
 Applied in ``Phase.HYBRID_MODEL`` (``patching.phases.apply_phase`` through
 ``RUNTIME_PATCHES``) from the Qwen3.5 and Qwen3-Next models' constructors, i.e. in the
-process that runs the model (engine core or worker), whatever ``VLLM_PLUGINS`` says;
-idempotent.
+process that runs the model (engine core or worker), whatever ``VLLM_PLUGINS`` says
+(``kunlun_hybrid_prefill_drafts`` in every model process too, see below); idempotent.
 Each patch keeps the original, checks that the upstream object is the one it was written
 for (``PatchMismatch`` names what differs), and reverts.
 
@@ -47,9 +47,16 @@ for (``PatchMismatch`` names what differs), and reverts.
   first of the request's speculative state slots: the next steps decode from a wrong
   state (found by tests/integration/test_e2e_mtp.py: greedy output diverged from
   transformers after a chunked prefill with MTP).
-  How: on hybrid models, drafts of requests whose sampled token was discarded this
-  step (vLLM's ``discard_request_mask``) are dropped: the prompt finishes alone and
-  drafting starts at the first decode.
+  On every model (DeepSeek MTP too) those drafts are verified after the prompt when
+  they fit the token budget, so a seeded request's generator is drawn a number of
+  times that depends on how its prompt was chunked (prefix-cache hits, the other
+  requests): the same seed drew other tokens in another batch (found by
+  tests/integration/test_e2e_mla.py). The drafts themselves came from a mid-prompt
+  state and predict prompt positions, not what follows the prompt.
+  How: drafts of requests whose sampled token was discarded this step (vLLM's
+  ``discard_request_mask``) are dropped, on every model: the prompt finishes alone and
+  drafting starts at the first decode. Applied by the hybrid models' constructors and
+  in every model process (``Phase.MODEL_PROCESS``).
   Removal: when vLLM drafts only for requests that sampled a token.
 
 """
@@ -271,7 +278,7 @@ def _make_drafts(original: Any) -> Any:
     @functools.wraps(original)
     def take_draft_token_ids(self: Any) -> Any:
         drafts = original(self)
-        if drafts is None or not self.model_config.is_hybrid:
+        if drafts is None:
             return drafts
         discarded = self.discard_request_mask.np[: len(drafts.req_ids)]
         return without_prefill_drafts(drafts, discarded)

@@ -241,8 +241,9 @@ REGISTRY: tuple[RuntimePatch, ...] = (
         ("vllm.v1.worker.gpu_model_runner.GPUModelRunner.take_draft_token_ids",),
         "speculative drafts of a request whose prefill chunk was not its last are "
         "scheduled after its remaining prompt; the hybrid prefill path folds them "
-        "into the GDN state (wrong tokens)",
-        (Phase.HYBRID_MODEL,),
+        "into the GDN state (wrong tokens), and on every model a seeded request's "
+        "draws depend on how its prompt was chunked",
+        (Phase.HYBRID_MODEL, Phase.MODEL_PROCESS),
         "vLLM drafts only for requests that sampled a token",
     ),
     RuntimePatch(

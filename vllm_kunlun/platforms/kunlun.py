@@ -348,6 +348,10 @@ class KunlunPlatformBase(Platform):
 
             refuse_sparse(vllm_config.model_config.hf_config, cls._attn_where)
             complete_routing(vllm_config.model_config.hf_config)
+            spec = vllm_config.speculative_config
+            if spec is not None and spec.draft_model_config is not None:
+                # DeepSeek MTP: the draft reads its own copy of the config.
+                complete_routing(spec.draft_model_config.hf_config)
         if vllm_config.quant_config is not None and vllm_config.model_config:
             refuse_group_split(
                 vllm_config.quant_config,

@@ -51,3 +51,18 @@ def test_sparse_attention_configs_are_refused() -> None:
     config.index_topk = 2048  # DeepSeek-V3.2's indexer
     with pytest.raises(ValueError, match="DSA lightning indexer"):
         refuse_sparse(config, "on Kunlun")
+
+
+def test_the_mtp_draft_config_vllm_derives_gets_v3_routing() -> None:
+    # vLLM reads the checkpoint's config again for a DeepSeek MTP draft and renames it
+    # (its own SpeculativeConfig.hf_config_override): the draft routes as the target.
+    from vllm.config.speculative import SpeculativeConfig
+
+    config = DeepseekV3Config(num_hidden_layers=2, num_nextn_predict_layers=1)
+    config.architectures = ["DeepseekV3ForCausalLM"]
+    draft = SpeculativeConfig.hf_config_override(config)
+    assert draft.model_type == "deepseek_mtp"
+    assert complete_routing(draft) == {
+        "topk_method": "noaux_tc",
+        "scoring_func": "sigmoid",
+    }
