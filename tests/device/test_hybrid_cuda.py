@@ -21,7 +21,7 @@ import torch
 
 from tests.device import test_e2e_kunlun_cuda
 from tests.integration.engine_specs import run_spec
-from tests.integration.test_e2e_hybrid import GREEDY_JOBS, LLM_ARGS
+from tests.integration.hybrid_jobs import GREEDY_JOBS, LLM_ARGS
 from vllm_kunlun.demo.tiny_model import write_tiny_model
 from vllm_kunlun.demo.tiny_qwen3_5 import TinyQwen3_5Spec
 

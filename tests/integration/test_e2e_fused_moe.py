@@ -39,7 +39,7 @@ from tests.integration.engine_specs import (
     req,
     run_spec,
 )
-from tests.integration.test_e2e_hybrid import GREEDY_JOBS
+from tests.integration.hybrid_jobs import GREEDY_JOBS
 from tests.integration.w8a8_reference import (
     Row,
     assert_greedy_matches,

@@ -26,90 +26,28 @@ from typing import Any
 import pytest
 
 from tests.conftest import REPO, child_env
-from tests.integration import engine_specs as e2e
 from tests.integration.engine_specs import (
     BLOCK_SIZE,
-    LONG_PROMPT,
-    PREFIX,
     TOKEN_BUDGET,
     engine_spec,
     req,
     run_spec,
 )
-from tests.integration.sampling_reference import (
-    assert_follows_reference,
-    distribution_job,
+from tests.integration.hybrid_jobs import (
+    DISTRIBUTION,
+    GREEDY_JOBS,
+    GREEDY_TOKENS,
+    LLM_ARGS,
+    SEEDED_A,
+    SEEDED_B,
 )
+from tests.integration.sampling_reference import assert_follows_reference
 from vllm_kunlun.demo.run import DEFAULT_PROMPTS
-from vllm_kunlun.demo.tiny_model import vocabulary, write_tiny_model
+from vllm_kunlun.demo.tiny_model import write_tiny_model
 from vllm_kunlun.demo.tiny_qwen3_5 import TinyQwen3_5Spec
 
 pytestmark = pytest.mark.slow
 
-# The Qwen3 e2e settings (32-token budget, 16-token blocks, prefix caching), with few
-# blocks: the pool cycles, so new requests get slots that held older states.
-LLM_ARGS = {**e2e.LLM_ARGS, "num_gpu_blocks_override": 48}
-GREEDY_TOKENS = 16
-
-_WORDS = [w for w in vocabulary() if w.isalpha()]
-
-
-def _words(n: int, stride: int, offset: int) -> str:
-    return " ".join(_WORDS[(stride * i + offset) % len(_WORDS)] for i in range(n))
-
-
-# Exactly three token budgets: its prefill ends a step on its own, and a 1-token prompt
-# queued behind it first runs in a decode-only batch, on a recycled state slot.
-BUDGETS_3 = _words(3 * TOKEN_BUDGET, 11, 1)
-
-GREEDY_JOBS = [
-    # Puts PREFIX's blocks (and their GDN states) into the prefix cache.
-    {"name": "warm_prefix", "requests": [req(PREFIX + " quick brown fox", 4)]},
-    {
-        # Six prompts under a 32-token budget: chunked prefills of the long ones share
-        # steps with the decodes of the short ones (mixed prefill/decode batches).
-        "name": "greedy",
-        "requests": [
-            req(p, GREEDY_TOKENS)
-            for p in (
-                "the quick brown fox jumps over the lazy dog",
-                "one two three",
-                LONG_PROMPT,
-                PREFIX + " red green blue",
-                PREFIX + " one two three four",
-                "kunlun",
-            )
-        ],
-    },
-    {"name": "one_token_alone", "requests": [req("night", GREEDY_TOKENS)]},
-    {
-        "name": "one_token_behind_long",
-        "requests": [req(BUDGETS_3, GREEDY_TOKENS), req("day", GREEDY_TOKENS)],
-    },
-]
-SEEDED = req(LONG_PROMPT, 12, temperature=0.8, top_k=5, seed=44)
-SEEDED_A = {
-    "name": "seeded_a",
-    "requests": [
-        SEEDED,
-        req("the quick brown fox", 12, temperature=1.0, seed=11),
-        req("the quick brown fox", 12, temperature=1.0, seed=12),
-        req("a long river", 12, temperature=1.0),  # no seed
-    ],
-}
-SEEDED_B = {  # the same seeded requests with other company, in another order
-    "name": "seeded_b",
-    "requests": [
-        req(_words(30, 3, 2), 12, temperature=1.0),
-        req("the quick brown fox", 12, temperature=1.0, seed=11),
-        SEEDED,
-    ],
-}
-# Temperature-1 draws against transformers' softmax (sampling_reference.py); the MoE
-# and pipeline-parallel tests reuse it.
-DISTRIBUTION = distribution_job(
-    ["the quick brown fox", "one two three", "a long river", "night and day"]
-)
 IMAGE = {
     "name": "image",
     "expect_error": True,

@@ -41,14 +41,14 @@ from tests.integration.engine_specs import (
     req,
     run_spec,
 )
-from tests.integration.sampling_reference import assert_follows_reference
-from tests.integration.test_e2e_hybrid import (
+from tests.integration.hybrid_jobs import (
     DISTRIBUTION,
     GREEDY_JOBS,
     LLM_ARGS,
     SEEDED_A,
     SEEDED_B,
 )
+from tests.integration.sampling_reference import assert_follows_reference
 from tests.integration.w8a8_reference import (
     Row,
     assert_greedy_matches,

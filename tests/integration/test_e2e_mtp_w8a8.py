@@ -23,7 +23,7 @@ import pytest
 
 from tests.conftest import run_python
 from tests.integration.engine_specs import run_spec
-from tests.integration.test_e2e_mtp import GREEDY_JOBS, LLM_ARGS, trained_model_dir
+from tests.integration.mtp_jobs import GREEDY_JOBS, LLM_ARGS, trained_model_dir
 from tests.integration.w8a8_reference import assert_greedy_matches
 from vllm_kunlun.demo.tiny_quant import ensure_tiny_w8a8, w8a8_cache_dir
 from vllm_kunlun.demo.tiny_qwen3_5_mtp import TinyQwen3_5MtpSpec

@@ -26,15 +26,15 @@ from tests.integration.engine_specs import (
     TOKEN_BUDGET,
     run_spec,
 )
-from tests.integration.pipeline_runs import stage_layers
-from tests.integration.sampling_reference import assert_follows_reference
-from tests.integration.test_e2e_hybrid import (
+from tests.integration.hybrid_jobs import (
     DISTRIBUTION,
     GREEDY_JOBS,
     LLM_ARGS,
     SEEDED_A,
     SEEDED_B,
 )
+from tests.integration.pipeline_runs import stage_layers
+from tests.integration.sampling_reference import assert_follows_reference
 from vllm_kunlun.demo.tiny_model import write_tiny_model
 from vllm_kunlun.demo.tiny_qwen3_5 import TinyQwen3_5Spec
 from vllm_kunlun.demo.tiny_qwen3_5_moe import TinyQwen3_5MoeSpec

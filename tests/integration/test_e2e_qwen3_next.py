@@ -33,8 +33,8 @@ from tests.integration.engine_specs import (
     TOKEN_BUDGET,
     run_spec,
 )
+from tests.integration.hybrid_jobs import GREEDY_JOBS, GREEDY_TOKENS, LLM_ARGS
 from tests.integration.qwen3_next_checkpoint import write_qwen3_next
-from tests.integration.test_e2e_hybrid import GREEDY_JOBS, GREEDY_TOKENS, LLM_ARGS
 
 pytestmark = pytest.mark.slow
 

@@ -35,9 +35,9 @@ import pytest
 
 from tests.conftest import REPO, child_env, run_bounded, run_python
 from tests.integration.engine_specs import EMULATION, req
+from tests.integration.hybrid_jobs import GREEDY_JOBS as HYBRID_JOBS
+from tests.integration.hybrid_jobs import LLM_ARGS as HYBRID_ARGS
 from tests.integration.pipeline_runs import SIX, stage_layers, tie_lm_head
-from tests.integration.test_e2e_hybrid import GREEDY_JOBS as HYBRID_JOBS
-from tests.integration.test_e2e_hybrid import LLM_ARGS as HYBRID_ARGS
 from vllm_kunlun.demo.tiny_model import write_tiny_model
 
 pytestmark = pytest.mark.slow

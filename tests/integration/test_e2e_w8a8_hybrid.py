@@ -37,7 +37,7 @@ from tests.integration.engine_specs import (
     run_demo_cli,
     run_spec,
 )
-from tests.integration.test_e2e_hybrid import LLM_ARGS, _words
+from tests.integration.hybrid_jobs import LLM_ARGS, words
 from tests.integration.w8a8_reference import (
     Row,
     assert_greedy_matches,
@@ -61,7 +61,7 @@ JOB = {
 # Two prompts sharing a prefix that is not cached yet, prefilled in one batch behind a
 # third request: vLLM 0.15.1 lets the last one hit the prefix pages the second computes
 # in that same step (runtime patch kunlun_mamba_cache_written).
-FRESH = _words(40, 7, 5)
+FRESH = words(40, 7, 5)
 BURST = {
     "name": "shared_prefix_burst",
     "requests": [
