@@ -28,15 +28,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
 from vllm_kunlun.ops import chooser, vendor
 from vllm_kunlun.ops.mla import portable
-
-if TYPE_CHECKING:
-    from vllm_kunlun.ops.mla.backend import MLADecode, PluginMLAMetadata
+from vllm_kunlun.ops.mla.metadata import MLADecode, PluginMLAMetadata
 
 VENDOR = chooser.VENDOR
 PORTABLE = chooser.PORTABLE
