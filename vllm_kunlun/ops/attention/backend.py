@@ -64,39 +64,28 @@ class PortableAttentionMetadataBuilder(
         fast_build: bool = False,
     ) -> PortableAttentionMetadata:
         m = common_attn_metadata
+        plan: paged.AttentionPlan | encoder.EncoderPlan
         if not m.causal:  # encoder-only layers, no KV cache (encoder_portable.py)
-            return self._encoder_metadata(m)
-        num_decodes, _, _, _ = split_decodes_and_prefills(
-            m, decode_threshold=self.reorder_batch_threshold or 1
-        )
-        plan = paged.plan_step(
-            m.query_start_loc[: m.num_reqs + 1],
-            m.query_start_loc_cpu[: m.num_reqs + 1],
-            m.seq_lens[: m.num_reqs],
-            m.block_table_tensor[: m.num_reqs],
-            m.slot_mapping,
-            num_decodes=num_decodes,
-            num_actual_tokens=m.num_actual_tokens,
-            max_seq_len=m.max_seq_len,
-            block_size=self.block_size,
-        )
-        return PortableAttentionMetadata(
-            num_actual_tokens=m.num_actual_tokens,
-            max_query_len=m.max_query_len,
-            max_seq_len=m.max_seq_len,
-            query_start_loc=m.query_start_loc,
-            seq_lens=m.seq_lens,
-            block_table=m.block_table_tensor,
-            slot_mapping=m.slot_mapping,
-            plan=plan,
-        )
-
-    def _encoder_metadata(
-        self, m: CommonAttentionMetadata
-    ) -> PortableAttentionMetadata:
-        plan = encoder.plan_encoder(
-            m.query_start_loc[: m.num_reqs + 1], m.max_query_len, m.num_actual_tokens
-        )
+            plan = encoder.plan_encoder(
+                m.query_start_loc[: m.num_reqs + 1],
+                m.max_query_len,
+                m.num_actual_tokens,
+            )
+        else:
+            num_decodes, _, _, _ = split_decodes_and_prefills(
+                m, decode_threshold=self.reorder_batch_threshold or 1
+            )
+            plan = paged.plan_step(
+                m.query_start_loc[: m.num_reqs + 1],
+                m.query_start_loc_cpu[: m.num_reqs + 1],
+                m.seq_lens[: m.num_reqs],
+                m.block_table_tensor[: m.num_reqs],
+                m.slot_mapping,
+                num_decodes=num_decodes,
+                num_actual_tokens=m.num_actual_tokens,
+                max_seq_len=m.max_seq_len,
+                block_size=self.block_size,
+            )
         return PortableAttentionMetadata(
             num_actual_tokens=m.num_actual_tokens,
             max_query_len=m.max_query_len,
