@@ -98,37 +98,9 @@ class PortableAttentionMetadataBuilder(
         )
 
 
-class PortableAttentionBackend(PluginAttentionBackend):
-    ATTN_TYPES = (AttentionType.DECODER, AttentionType.ENCODER_ONLY)
-
-    @staticmethod
-    def get_supported_kernel_block_sizes() -> list[int | MultipleOf]:
-        # Pages are indexed by slot arithmetic (paged_portable.py): every block size works, so
-        # a hybrid's page is the kernel block, never split.
-        return [MultipleOf(1)]
-
-    @staticmethod
-    def get_impl_cls() -> type[PortableAttentionImpl]:
-        return PortableAttentionImpl
-
-    @staticmethod
-    def get_builder_cls() -> type[PortableAttentionMetadataBuilder]:
-        return PortableAttentionMetadataBuilder
-
-    @staticmethod
-    def get_kv_cache_shape(
-        num_blocks: int,
-        block_size: int,
-        num_kv_heads: int,
-        head_size: int,
-        cache_dtype_str: str = "auto",
-    ) -> tuple[int, ...]:
-        return (num_blocks, 2, block_size, num_kv_heads, head_size)
-
-
 class PortableAttentionImpl(PluginAttentionImpl[PortableAttentionMetadata]):
     DISPLAY_NAME = DISPLAY_NAME
-    ATTN_TYPES = PortableAttentionBackend.ATTN_TYPES
+    ATTN_TYPES = (AttentionType.DECODER, AttentionType.ENCODER_ONLY)
     WHY: ClassVar[dict[str, str]] = {
         "attn_type": "It handles decoder and encoder-only attention with GQA.",
         "alibi": "Serve a RoPE model or pick another backend.",
@@ -165,3 +137,16 @@ class PortableAttentionImpl(PluginAttentionImpl[PortableAttentionMetadata]):
             window=self.sliding_window,
             sinks=self.sinks,
         )
+
+
+class PortableAttentionBackend(PluginAttentionBackend):
+    ATTN_TYPES = PortableAttentionImpl.ATTN_TYPES
+    IMPL = PortableAttentionImpl
+    BUILDER = PortableAttentionMetadataBuilder
+    KV_CACHE_LAYOUT = ("num_blocks", 2, "block_size", "num_kv_heads", "head_size")
+
+    @staticmethod
+    def get_supported_kernel_block_sizes() -> list[int | MultipleOf]:
+        # Pages are indexed by slot arithmetic (paged_portable.py): every block size works, so
+        # a hybrid's page is the kernel block, never split.
+        return [MultipleOf(1)]
