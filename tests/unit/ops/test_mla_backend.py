@@ -15,7 +15,8 @@ from vllm.v1.attention.backend import AttentionType, CommonAttentionMetadata
 
 from tests.unit.ops.test_mla_portable import reference
 from vllm_kunlun.ops.mla import portable, seam
-from vllm_kunlun.ops.mla.backend import PluginMLAImpl, build_metadata
+from vllm_kunlun.ops.mla.backend import PluginMLAImpl
+from vllm_kunlun.ops.mla.metadata import build_metadata
 
 
 class KvBProj(torch.nn.Module):

@@ -16,7 +16,7 @@ from tests.conftest import serve_platform
 from vllm_kunlun.ops import chooser
 from vllm_kunlun.ops.contract import VENDOR_CONTRACT
 from vllm_kunlun.ops.mla import seam
-from vllm_kunlun.ops.mla.backend import MLADecode, PluginMLAMetadata
+from vllm_kunlun.ops.mla.metadata import MLADecode, PluginMLAMetadata
 from vllm_kunlun.platforms.emulation import KunlunHostEmulationPlatform
 
 CUDA = torch.device("cuda", 0)

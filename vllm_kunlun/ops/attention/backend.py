@@ -64,22 +64,28 @@ class PortableAttentionMetadataBuilder(
         fast_build: bool = False,
     ) -> PortableAttentionMetadata:
         m = common_attn_metadata
+        plan: paged.AttentionPlan | encoder.EncoderPlan
         if not m.causal:  # encoder-only layers, no KV cache (encoder_portable.py)
-            return self._encoder_metadata(m)
-        num_decodes, _, _, _ = split_decodes_and_prefills(
-            m, decode_threshold=self.reorder_batch_threshold or 1
-        )
-        plan = paged.plan_step(
-            m.query_start_loc[: m.num_reqs + 1],
-            m.query_start_loc_cpu[: m.num_reqs + 1],
-            m.seq_lens[: m.num_reqs],
-            m.block_table_tensor[: m.num_reqs],
-            m.slot_mapping,
-            num_decodes=num_decodes,
-            num_actual_tokens=m.num_actual_tokens,
-            max_seq_len=m.max_seq_len,
-            block_size=self.block_size,
-        )
+            plan = encoder.plan_encoder(
+                m.query_start_loc[: m.num_reqs + 1],
+                m.max_query_len,
+                m.num_actual_tokens,
+            )
+        else:
+            num_decodes, _, _, _ = split_decodes_and_prefills(
+                m, decode_threshold=self.reorder_batch_threshold or 1
+            )
+            plan = paged.plan_step(
+                m.query_start_loc[: m.num_reqs + 1],
+                m.query_start_loc_cpu[: m.num_reqs + 1],
+                m.seq_lens[: m.num_reqs],
+                m.block_table_tensor[: m.num_reqs],
+                m.slot_mapping,
+                num_decodes=num_decodes,
+                num_actual_tokens=m.num_actual_tokens,
+                max_seq_len=m.max_seq_len,
+                block_size=self.block_size,
+            )
         return PortableAttentionMetadata(
             num_actual_tokens=m.num_actual_tokens,
             max_query_len=m.max_query_len,
@@ -90,56 +96,11 @@ class PortableAttentionMetadataBuilder(
             slot_mapping=m.slot_mapping,
             plan=plan,
         )
-
-    def _encoder_metadata(
-        self, m: CommonAttentionMetadata
-    ) -> PortableAttentionMetadata:
-        plan = encoder.plan_encoder(
-            m.query_start_loc[: m.num_reqs + 1], m.max_query_len, m.num_actual_tokens
-        )
-        return PortableAttentionMetadata(
-            num_actual_tokens=m.num_actual_tokens,
-            max_query_len=m.max_query_len,
-            max_seq_len=m.max_seq_len,
-            query_start_loc=m.query_start_loc,
-            seq_lens=m.seq_lens,
-            block_table=m.block_table_tensor,
-            slot_mapping=m.slot_mapping,
-            plan=plan,
-        )
-
-
-class PortableAttentionBackend(PluginAttentionBackend):
-    ATTN_TYPES = (AttentionType.DECODER, AttentionType.ENCODER_ONLY)
-
-    @staticmethod
-    def get_supported_kernel_block_sizes() -> list[int | MultipleOf]:
-        # Pages are indexed by slot arithmetic (paged_portable.py): every block size works, so
-        # a hybrid's page is the kernel block, never split.
-        return [MultipleOf(1)]
-
-    @staticmethod
-    def get_impl_cls() -> type[PortableAttentionImpl]:
-        return PortableAttentionImpl
-
-    @staticmethod
-    def get_builder_cls() -> type[PortableAttentionMetadataBuilder]:
-        return PortableAttentionMetadataBuilder
-
-    @staticmethod
-    def get_kv_cache_shape(
-        num_blocks: int,
-        block_size: int,
-        num_kv_heads: int,
-        head_size: int,
-        cache_dtype_str: str = "auto",
-    ) -> tuple[int, ...]:
-        return (num_blocks, 2, block_size, num_kv_heads, head_size)
 
 
 class PortableAttentionImpl(PluginAttentionImpl[PortableAttentionMetadata]):
     DISPLAY_NAME = DISPLAY_NAME
-    ATTN_TYPES = PortableAttentionBackend.ATTN_TYPES
+    ATTN_TYPES = (AttentionType.DECODER, AttentionType.ENCODER_ONLY)
     WHY: ClassVar[dict[str, str]] = {
         "attn_type": "It handles decoder and encoder-only attention with GQA.",
         "alibi": "Serve a RoPE model or pick another backend.",
@@ -176,3 +137,16 @@ class PortableAttentionImpl(PluginAttentionImpl[PortableAttentionMetadata]):
             window=self.sliding_window,
             sinks=self.sinks,
         )
+
+
+class PortableAttentionBackend(PluginAttentionBackend):
+    ATTN_TYPES = PortableAttentionImpl.ATTN_TYPES
+    IMPL = PortableAttentionImpl
+    BUILDER = PortableAttentionMetadataBuilder
+    KV_CACHE_LAYOUT = ("num_blocks", 2, "block_size", "num_kv_heads", "head_size")
+
+    @staticmethod
+    def get_supported_kernel_block_sizes() -> list[int | MultipleOf]:
+        # Pages are indexed by slot arithmetic (paged_portable.py): every block size works, so
+        # a hybrid's page is the kernel block, never split.
+        return [MultipleOf(1)]

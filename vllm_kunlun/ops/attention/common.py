@@ -1,11 +1,13 @@
-"""What the plugin's two attention backends share in vLLM's backend interface.
+"""What the plugin's attention backends share in vLLM's backend interface.
 
 Why: the portable backend (``backend.py``) and the Kunlun backend (``kunlun.py``) are
 both decoder-only paged backends that vLLM can only know as ``CUSTOM``. The answers
-vLLM asks the class for (name, dtypes, cascade, attention types), the batch order of
-their metadata builders, the layer checks made when a model is built and vLLM's
-``forward`` call up to the kernels are the same; only the refusal words and the
-kernels (each backend's ``attend``) differ. Per-layer sliding windows, logit
+vLLM asks the class for (name, dtypes, cascade, attention types, impl and builder
+classes, cache shape), the batch order of their metadata builders, the layer checks
+made when a model is built and vLLM's ``forward`` call up to the kernels are the same;
+only the refusal words, the cache layout and the kernels (each backend's ``attend``)
+differ. The MLA backend (``ops/mla/backend.py``) is a ``CUSTOM`` backend too: it takes
+the class answers (``PluginBackendAnswers``) and the builder's batch order from here. Per-layer sliding windows, logit
 soft-capping and attention sinks are accepted here and kept on the impl
 (``sliding_window``, ``logits_soft_cap``, ``sinks``) for the kernels.
 
@@ -38,15 +40,23 @@ M = TypeVar("M", bound=AttentionMetadata)
 BACKEND_NAME = "CUSTOM"
 
 
-class PluginAttentionBackend(AttentionBackend):
+class PluginBackendAnswers:
+    """What vLLM asks every plugin backend class, answered the same way: the name
+    (``CUSTOM``), dtypes, no cascade attention, the attention types in ``ATTN_TYPES``,
+    and the impl and builder classes named by ``IMPL`` / ``BUILDER``. Listed first in
+    a backend's bases, before vLLM's backend class."""
+
     accept_output_buffer: bool = True
-    forward_includes_kv_cache_update: bool = True
     supported_dtypes: ClassVar[list[torch.dtype]] = [
         torch.float16,
         torch.bfloat16,
         torch.float32,
     ]
     supported_kv_cache_dtypes: ClassVar[list[CacheDType]] = ["auto"]
+    # the attention types a backend serves (the portable one adds ENCODER_ONLY)
+    ATTN_TYPES: ClassVar[tuple[str, ...]] = (AttentionType.DECODER,)
+    IMPL: ClassVar[type[Any]]
+    BUILDER: ClassVar[type[Any]]
 
     @staticmethod
     def get_name() -> str:
@@ -56,12 +66,43 @@ class PluginAttentionBackend(AttentionBackend):
     def use_cascade_attention(*args: Any, **kwargs: Any) -> bool:
         return False
 
-    # the attention types a backend serves (the portable one adds ENCODER_ONLY)
-    ATTN_TYPES: ClassVar[tuple[str, ...]] = (AttentionType.DECODER,)
-
     @classmethod
     def supports_attn_type(cls, attn_type: str) -> bool:
         return attn_type in cls.ATTN_TYPES
+
+    @classmethod
+    def get_impl_cls(cls) -> type[Any]:
+        return cls.IMPL
+
+    @classmethod
+    def get_builder_cls(cls) -> type[Any]:
+        return cls.BUILDER
+
+
+class PluginAttentionBackend(PluginBackendAnswers, AttentionBackend):
+    forward_includes_kv_cache_update: bool = True
+    # The cache dimensions in order: a parameter name of ``get_kv_cache_shape`` or a
+    # fixed size (2: the key and the value halves).
+    KV_CACHE_LAYOUT: ClassVar[tuple[str | int, ...]]
+
+    @classmethod
+    def get_kv_cache_shape(
+        cls,
+        num_blocks: int,
+        block_size: int,
+        num_kv_heads: int,
+        head_size: int,
+        cache_dtype_str: str = "auto",
+    ) -> tuple[int, ...]:
+        sizes = {
+            "num_blocks": num_blocks,
+            "block_size": block_size,
+            "num_kv_heads": num_kv_heads,
+            "head_size": head_size,
+        }
+        return tuple(
+            sizes[dim] if isinstance(dim, str) else dim for dim in cls.KV_CACHE_LAYOUT
+        )
 
     @classmethod
     def supports_sink(cls) -> bool:

@@ -256,35 +256,6 @@ class KunlunAttentionMetadataBuilder(
         return build_metadata(common_attn_metadata)
 
 
-class KunlunAttentionBackend(PluginAttentionBackend):
-    # float32 (accepted) is what host emulation runs; on a P800 models run in bfloat16.
-    @staticmethod
-    def get_supported_kernel_block_sizes() -> list[int | MultipleOf]:
-        return [MultipleOf(KERNEL_BLOCK_ALIGNMENT)]
-
-    @staticmethod
-    def get_impl_cls() -> type[KunlunAttentionImpl]:
-        return KunlunAttentionImpl
-
-    @staticmethod
-    def get_builder_cls() -> type[KunlunAttentionMetadataBuilder]:
-        return KunlunAttentionMetadataBuilder
-
-    @staticmethod
-    def get_kv_cache_shape(
-        num_blocks: int,
-        block_size: int,
-        num_kv_heads: int,
-        head_size: int,
-        cache_dtype_str: str = "auto",
-    ) -> tuple[int, ...]:
-        return (2, num_blocks, num_kv_heads, block_size, head_size)
-
-    @classmethod
-    def get_supported_head_sizes(cls) -> list[int]:
-        return list(SUPPORTED_HEAD_SIZES)
-
-
 class KunlunAttentionImpl(PluginAttentionImpl[KunlunAttentionMetadata]):
     DISPLAY_NAME = DISPLAY_NAME
     WHY: ClassVar[dict[str, str]] = {
@@ -419,3 +390,18 @@ class KunlunAttentionImpl(PluginAttentionImpl[KunlunAttentionMetadata]):
                 )
         self.route.vendor_calls += 1
         return output
+
+
+class KunlunAttentionBackend(PluginAttentionBackend):
+    # float32 (accepted) is what host emulation runs; on a P800 models run in bfloat16.
+    IMPL = KunlunAttentionImpl
+    BUILDER = KunlunAttentionMetadataBuilder
+    KV_CACHE_LAYOUT = (2, "num_blocks", "num_kv_heads", "block_size", "head_size")
+
+    @staticmethod
+    def get_supported_kernel_block_sizes() -> list[int | MultipleOf]:
+        return [MultipleOf(KERNEL_BLOCK_ALIGNMENT)]
+
+    @classmethod
+    def get_supported_head_sizes(cls) -> list[int]:
+        return list(SUPPORTED_HEAD_SIZES)

@@ -48,13 +48,8 @@ class VendorLora:
     expand: Callable[..., Any]
 
 
-@dataclass(frozen=True)
-class LoraKernels:
-    """The LoRA path one device uses, and why."""
-
-    name: str
-    reason: str
-    vendor: VendorLora | None = None
+# The LoRA path one device uses, and why: the chooser's own choice, as it comes.
+LoraKernels = chooser.Choice[VendorLora]
 
 
 def load_vendor() -> tuple[VendorLora | None, str]:
@@ -67,8 +62,8 @@ def load_vendor() -> tuple[VendorLora | None, str]:
     return VendorLora(shrink, expand), f"{VENDOR_MODULE}.{SHRINK} / {EXPAND}"
 
 
-SEAM = chooser.DeviceSeam(
-    chooser.LORA, load_vendor, lambda c: LoraKernels(c.name, c.reason, c.vendor)
+SEAM: chooser.DeviceSeam[VendorLora, LoraKernels] = chooser.DeviceSeam(
+    chooser.LORA, load_vendor, lambda c: c
 )
 select_kernels = SEAM.select  # the LoRA path for tensors on a device, chosen once
 reset = SEAM.reset

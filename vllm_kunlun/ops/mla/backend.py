@@ -18,8 +18,7 @@ runs without CUDA binaries, or a Kunlun MLA backend upstream serves 0.15.1.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any
 
 import torch
 from vllm.model_executor.layers.attention.mla_attention import (
@@ -27,70 +26,28 @@ from vllm.model_executor.layers.attention.mla_attention import (
     MLACommonBaseImpl,
 )
 from vllm.v1.attention.backend import (
-    AttentionCGSupport,
     AttentionLayer,
-    AttentionMetadata,
-    AttentionMetadataBuilder,
     AttentionType,
     CommonAttentionMetadata,
     MultipleOf,
 )
-from vllm.v1.attention.backends.utils import split_decodes_and_prefills
 
 from vllm_kunlun.logger import init_logger
+from vllm_kunlun.ops.attention.common import (
+    DecodesFirstMetadataBuilder,
+    PluginBackendAnswers,
+)
 from vllm_kunlun.ops.mla import portable, seam
+from vllm_kunlun.ops.mla.metadata import PluginMLAMetadata, build_metadata
 
 logger = init_logger(__name__)
 
 DISPLAY_NAME = "vllm-kunlun MLA attention"
-BACKEND_NAME = "CUSTOM"
 
 
-@dataclass
-class MLADecode:
-    """The decode requests (first in the batch, one token each)."""
-
-    block_table: torch.Tensor
-    seq_lens: torch.Tensor  # on the device
-    seq_lens_cpu: list[int]
-
-
-@dataclass
-class MLAPrefill:
-    """The prefill requests (after the decodes): where their rows start in the prefill
-    part of the batch and how many tokens each already has in the cache."""
-
-    block_table: torch.Tensor
-    query_start_loc: list[int]  # relative to the first prefill token
-    context_lens: list[int]
-
-
-@dataclass
-class PluginMLAMetadata(AttentionMetadata):
-    num_actual_tokens: int
-    slot_mapping: torch.Tensor
-    num_decodes: int
-    num_decode_tokens: int
-    num_prefills: int
-    decode: MLADecode | None
-    prefill: MLAPrefill | None
-
-
-class PluginMLAMetadataBuilder(AttentionMetadataBuilder[PluginMLAMetadata]):
+class PluginMLAMetadataBuilder(DecodesFirstMetadataBuilder[PluginMLAMetadata]):
     """Decodes first (one query token each), then prefills; planned on the host every
     step (no CUDA graphs)."""
-
-    _cudagraph_support: ClassVar[AttentionCGSupport] = AttentionCGSupport.NEVER
-
-    def __init__(
-        self,
-        kv_cache_spec: Any,
-        layer_names: list[str],
-        vllm_config: Any,
-        device: torch.device,
-    ) -> None:
-        super().__init__(kv_cache_spec, layer_names, vllm_config, device)
-        self._init_reorder_batch_threshold(1)
 
     def build(
         self,
@@ -99,90 +56,6 @@ class PluginMLAMetadataBuilder(AttentionMetadataBuilder[PluginMLAMetadata]):
         fast_build: bool = False,
     ) -> PluginMLAMetadata:
         return build_metadata(common_attn_metadata, self.reorder_batch_threshold or 1)
-
-
-def build_metadata(
-    m: CommonAttentionMetadata, decode_threshold: int = 1
-) -> PluginMLAMetadata:
-    """Plan one engine step: the decodes (first in the batch) and, per prefill, where
-    its rows start and how many of its tokens the cache already holds."""
-    num_decodes, num_prefills, num_decode_tokens, _ = split_decodes_and_prefills(
-        m, decode_threshold=decode_threshold
-    )
-    reqs = m.num_reqs
-    starts = m.query_start_loc_cpu[: reqs + 1].tolist()
-    seq_lens = m.seq_lens[:reqs].cpu().tolist()
-    table = m.block_table_tensor[:reqs]
-    decode = None
-    if num_decodes:
-        decode = MLADecode(
-            block_table=table[:num_decodes],
-            seq_lens=m.seq_lens[:num_decodes],
-            seq_lens_cpu=seq_lens[:num_decodes],
-        )
-    prefill = None
-    if num_prefills:
-        first = starts[num_decodes]
-        prefill = MLAPrefill(
-            block_table=table[num_decodes:],
-            query_start_loc=[s - first for s in starts[num_decodes:]],
-            context_lens=[
-                seq_lens[i] - (starts[i + 1] - starts[i])
-                for i in range(num_decodes, reqs)
-            ],
-        )
-    return PluginMLAMetadata(
-        num_actual_tokens=m.num_actual_tokens,
-        slot_mapping=m.slot_mapping,
-        num_decodes=num_decodes,
-        num_decode_tokens=num_decode_tokens,
-        num_prefills=num_prefills,
-        decode=decode,
-        prefill=prefill,
-    )
-
-
-class PluginMLABackend(MLACommonBackend):
-    accept_output_buffer: bool = True
-    supported_dtypes: ClassVar[list[torch.dtype]] = [
-        torch.float16,
-        torch.bfloat16,
-        torch.float32,
-    ]
-    supported_kv_cache_dtypes: ClassVar[list[Any]] = ["auto"]
-
-    @staticmethod
-    def get_name() -> str:
-        return BACKEND_NAME
-
-    @staticmethod
-    def get_impl_cls() -> type[PluginMLAImpl]:
-        return PluginMLAImpl
-
-    @staticmethod
-    def get_builder_cls() -> type[PluginMLAMetadataBuilder]:
-        return PluginMLAMetadataBuilder
-
-    @staticmethod
-    def get_supported_kernel_block_sizes() -> list[int | MultipleOf]:
-        # Rows are found by slot arithmetic: every page size vLLM picks works as is.
-        return [MultipleOf(1)]
-
-    @classmethod
-    def get_supported_head_sizes(cls) -> list[int]:
-        return []  # any kv_lora_rank + qk_rope_head_dim
-
-    @classmethod
-    def supports_block_size(cls, block_size: int | None) -> bool:
-        return block_size is None or block_size > 0
-
-    @staticmethod
-    def use_cascade_attention(*args: Any, **kwargs: Any) -> bool:
-        return False
-
-    @classmethod
-    def supports_attn_type(cls, attn_type: str) -> bool:
-        return attn_type == AttentionType.DECODER
 
 
 class PluginMLAImpl(MLACommonBaseImpl[PluginMLAMetadata]):
@@ -342,3 +215,24 @@ class PluginMLAImpl(MLACommonBaseImpl[PluginMLAMetadata]):
             self.kv_lora_rank,
             self.scale,
         )
+
+
+class PluginMLABackend(PluginBackendAnswers, MLACommonBackend):
+    """vLLM's MLA cache layout (``MLACommonBackend``) with the plugin's impl and
+    builder; the class answers every plugin backend gives (``PluginBackendAnswers``)."""
+
+    IMPL = PluginMLAImpl
+    BUILDER = PluginMLAMetadataBuilder
+
+    @staticmethod
+    def get_supported_kernel_block_sizes() -> list[int | MultipleOf]:
+        # Rows are found by slot arithmetic: every page size vLLM picks works as is.
+        return [MultipleOf(1)]
+
+    @classmethod
+    def get_supported_head_sizes(cls) -> list[int]:
+        return []  # any kv_lora_rank + qk_rope_head_dim
+
+    @classmethod
+    def supports_block_size(cls, block_size: int | None) -> bool:
+        return block_size is None or block_size > 0

@@ -27,16 +27,13 @@ MLA backend.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
 from vllm_kunlun.ops import chooser, vendor
 from vllm_kunlun.ops.mla import portable
-
-if TYPE_CHECKING:
-    from vllm_kunlun.ops.mla.backend import MLADecode, PluginMLAMetadata
+from vllm_kunlun.ops.mla.metadata import MLADecode, PluginMLAMetadata
 
 VENDOR = chooser.VENDOR
 PORTABLE = chooser.PORTABLE
@@ -45,16 +42,14 @@ CACHE_KERNEL = "concat_and_cache_mla"
 DECODE_KERNEL = "fwd_kvcache_mla"
 
 
-@dataclass(frozen=True)
-class MlaKernels:
-    """The MLA path one device uses, why, and the vendor calls when chosen."""
-
-    name: str
-    reason: str
-    vendor: tuple[Callable[..., Any], Callable[..., Any]] | None = None
+# (``concat_and_cache_mla``, ``fwd_kvcache_mla``) when the vendor path is chosen
+MlaVendor = tuple[Callable[..., Any], Callable[..., Any]]
+# The MLA path one device uses, why, and the vendor calls when chosen: the chooser's
+# own choice, as it comes.
+MlaKernels = chooser.Choice[MlaVendor]
 
 
-def load_vendor() -> tuple[tuple[Callable[..., Any], Callable[..., Any]] | None, str]:
+def load_vendor() -> tuple[MlaVendor | None, str]:
     """(``concat_and_cache_mla``, ``fwd_kvcache_mla``), or None and why not."""
     found = []
     for name in (CACHE_KERNEL, DECODE_KERNEL):
@@ -65,8 +60,8 @@ def load_vendor() -> tuple[tuple[Callable[..., Any], Callable[..., Any]] | None,
     return (found[0], found[1]), f"{VENDOR_MODULE} has {CACHE_KERNEL}, {DECODE_KERNEL}"
 
 
-SEAM = chooser.DeviceSeam(
-    chooser.MLA, load_vendor, lambda c: MlaKernels(c.name, c.reason, c.vendor)
+SEAM: chooser.DeviceSeam[MlaVendor, MlaKernels] = chooser.DeviceSeam(
+    chooser.MLA, load_vendor, lambda c: c
 )
 select_kernels = SEAM.select  # the MLA path for tensors on a device, chosen once
 reset = SEAM.reset
@@ -109,9 +104,24 @@ def decode(
             kv_lora_rank,
             scale,
         )
-    return _vendor_decode(
-        kernels.vendor[1], q_latent, q_pe, kv_cache, decode_meta, kv_lora_rank, scale
+    batch, heads = q_latent.shape[:2]
+    lens = decode_meta.seq_lens_cpu
+    q_c = torch.cat([q_latent, q_pe.to(q_latent.dtype)], dim=-1).unsqueeze(1)
+    out = q_latent.new_empty(batch, 1, heads, kv_lora_rank)
+    stats = torch.empty(batch, 1, heads, dtype=torch.float32, device=q_latent.device)
+    kernels.vendor[1](
+        q_c=q_c.contiguous(),
+        kv_cache=kv_cache.reshape(-1, kv_cache.shape[-1]),
+        indices=slot_indices(decode_meta.block_table, lens, kv_cache.shape[1]),
+        kv_lod_cpu=torch.tensor(lens, dtype=torch.int32),
+        out=out,
+        max_logits=stats,
+        p_sums=torch.empty_like(stats),
+        softmax_scale=scale,
+        max_seq_kv=max(lens),
+        kv_lod_xpu=decode_meta.seq_lens.to(torch.int32),
     )
+    return out.squeeze(1)
 
 
 def slot_indices(
@@ -126,32 +136,3 @@ def slot_indices(
     lens = torch.tensor(seq_lens, device=block_table.device).unsqueeze(1)
     slots = torch.where(pos.unsqueeze(0) < lens, slots, torch.full_like(slots, -1))
     return slots.to(torch.int32).unsqueeze(1)
-
-
-def _vendor_decode(
-    fn: Callable[..., Any],
-    q_latent: torch.Tensor,
-    q_pe: torch.Tensor,
-    kv_cache: torch.Tensor,
-    decode_meta: MLADecode,
-    kv_lora_rank: int,
-    scale: float,
-) -> torch.Tensor:
-    batch, heads = q_latent.shape[:2]
-    lens = decode_meta.seq_lens_cpu
-    q_c = torch.cat([q_latent, q_pe.to(q_latent.dtype)], dim=-1).unsqueeze(1)
-    out = q_latent.new_empty(batch, 1, heads, kv_lora_rank)
-    stats = torch.empty(batch, 1, heads, dtype=torch.float32, device=q_latent.device)
-    fn(
-        q_c=q_c.contiguous(),
-        kv_cache=kv_cache.reshape(-1, kv_cache.shape[-1]),
-        indices=slot_indices(decode_meta.block_table, lens, kv_cache.shape[1]),
-        kv_lod_cpu=torch.tensor(lens, dtype=torch.int32),
-        out=out,
-        max_logits=stats,
-        p_sums=torch.empty_like(stats),
-        softmax_scale=scale,
-        max_seq_kv=max(lens),
-        kv_lod_xpu=decode_meta.seq_lens.to(torch.int32),
-    )
-    return out.squeeze(1)
