@@ -18,22 +18,16 @@ other quantization patches. Removal: when vLLM's AWQ kernels run on our platform
 
 from __future__ import annotations
 
-import sys
 from types import ModuleType
 from typing import Any
 
 import torch
 
-from vllm_kunlun.logger import init_logger
 from vllm_kunlun.patching.attribute import (
     AttributePatch,
-    PatchMismatch,
     expect_caller,
-    platform_resolved,
 )
-from vllm_kunlun.patching.phases import Phase
-
-logger = init_logger(__name__)
+from vllm_kunlun.patching.quantized import QuantizedModelPatch
 
 NAME = "kunlun_awq_linear_method"
 MODULE = "vllm.model_executor.layers.quantization.awq"
@@ -106,37 +100,9 @@ def method_class() -> type:
     return _method_class(original)
 
 
-def apply() -> bool:
-    """Apply now (imports vLLM's awq module); True when this call applied it."""
-    try:
-        done = PATCH.apply()
-    except PatchMismatch as exc:
-        logger.warning_once("vllm-kunlun: %s", str(exc))
-        return False
-    if done:
-        logger.info(
-            "vllm-kunlun: runtime patch %s applied (AWQ layers use the plugin's "
-            "weight-only kernel)",
-            NAME,
-        )
-    return done
-
-
-def apply_if_loaded() -> bool:
-    """Apply only if this process already imported vLLM's awq module (an AWQ model's
-    config did) and vLLM's platform is resolved."""
-    if MODULE not in sys.modules or not platform_resolved():
-        return False
-    return apply()
-
-
-def _apply_in(phase: Phase) -> bool:
-    return apply() if phase is Phase.QUANTIZED_MODEL else apply_if_loaded()
-
-
-# phases.apply_phase's hook (patching/phases.py)
-RUNTIME_PATCHES = {NAME: _apply_in}
-
-
-def revert() -> None:
-    PATCH.revert()
+# apply / apply_if_loaded / revert and the phase hook: patching/quantized.py
+QUANTIZED = QuantizedModelPatch(PATCH, "AWQ layers use the plugin's weight-only kernel")
+apply = QUANTIZED.apply
+apply_if_loaded = QUANTIZED.apply_if_loaded
+revert = QUANTIZED.revert
+RUNTIME_PATCHES = QUANTIZED.hooks()  # phases.apply_phase's hook (patching/phases.py)

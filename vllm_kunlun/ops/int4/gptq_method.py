@@ -20,22 +20,16 @@ Removal: when vLLM's GPTQ kernels run on our platforms.
 
 from __future__ import annotations
 
-import sys
 from types import ModuleType
 from typing import Any
 
 import torch
 
-from vllm_kunlun.logger import init_logger
 from vllm_kunlun.patching.attribute import (
     AttributePatch,
-    PatchMismatch,
     expect_caller,
-    platform_resolved,
 )
-from vllm_kunlun.patching.phases import Phase
-
-logger = init_logger(__name__)
+from vllm_kunlun.patching.quantized import QuantizedModelPatch
 
 NAME = "kunlun_gptq_linear_method"
 MODULE = "vllm.model_executor.layers.quantization.gptq"
@@ -113,37 +107,11 @@ def method_class() -> type:
     return _method_class(original)
 
 
-def apply() -> bool:
-    """Apply now (imports vLLM's gptq module); True when this call applied it."""
-    try:
-        done = PATCH.apply()
-    except PatchMismatch as exc:
-        logger.warning_once("vllm-kunlun: %s", str(exc))
-        return False
-    if done:
-        logger.info(
-            "vllm-kunlun: runtime patch %s applied (GPTQ layers use the plugin's "
-            "weight-only kernel)",
-            NAME,
-        )
-    return done
-
-
-def apply_if_loaded() -> bool:
-    """Apply only if this process already imported vLLM's gptq module (a GPTQ model's
-    config did) and vLLM's platform is resolved."""
-    if MODULE not in sys.modules or not platform_resolved():
-        return False
-    return apply()
-
-
-def _apply_in(phase: Phase) -> bool:
-    return apply() if phase is Phase.QUANTIZED_MODEL else apply_if_loaded()
-
-
-# phases.apply_phase's hook (patching/phases.py)
-RUNTIME_PATCHES = {NAME: _apply_in}
-
-
-def revert() -> None:
-    PATCH.revert()
+# apply / apply_if_loaded / revert and the phase hook: patching/quantized.py
+QUANTIZED = QuantizedModelPatch(
+    PATCH, "GPTQ layers use the plugin's weight-only kernel"
+)
+apply = QUANTIZED.apply
+apply_if_loaded = QUANTIZED.apply_if_loaded
+revert = QUANTIZED.revert
+RUNTIME_PATCHES = QUANTIZED.hooks()  # phases.apply_phase's hook (patching/phases.py)
