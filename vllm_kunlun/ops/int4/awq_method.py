@@ -4,16 +4,17 @@ the runtime patch ``kunlun_awq_linear_method`` that puts it under vLLM.
 Why: vLLM 0.15.1's ``AWQLinearMethod`` calls ``ops.awq_gemm`` / ``awq_dequantize``
 from ``vllm._C``, which does not load on torch 2.5.1 or Kunlun, and its Marlin and
 Triton variants need CUDA: every AWQ checkpoint fails at the first forward.
-How: the subclass (``ops/int4/linear_method.py``) keeps vLLM's
-``create_weights`` (``qweight`` ``[K, N/8]`` and ``qzeros`` ``[G, N/8]`` int32 in
-AutoAWQ's interleaved nibble order, ``scales`` ``[G, N]``), and after loading unpacks both (``portable.awq_unpack``), repacks the
-weight along K in compressed-tensors' layout and hands weight, scales ``[N, G]`` and
-zero points ``[N, G]`` to ``ops/int4/seam.py`` (AWQ weights always carry zero points,
-so they run the portable chunked kernel; the vendor ``awq_gemm`` is not wired: its
-``align_type`` layouts are not documented, docs/quantization.md). The patch replaces
-the name ``AWQLinearMethod`` in vLLM's ``awq`` module, which
-``AWQConfig.get_quant_method`` looks up at call time, applied in the same phases as the
-other quantization patches. Removal: when vLLM's AWQ kernels run on our platforms.
+How: the subclass (``ops/int4/linear_method.py``) keeps vLLM's ``create_weights``
+(``qweight`` ``[K, N/8]`` and ``qzeros`` ``[G, N/8]`` int32 in AutoAWQ's interleaved
+nibble order, ``scales`` ``[G, N]``), and after loading unpacks both
+(``portable.awq_unpack``), repacks the weight along K in compressed-tensors' layout and
+hands weight, scales ``[N, G]`` and zero points ``[N, G]`` to ``ops/int4/seam.py`` (AWQ
+weights always carry zero points, so they run the portable chunked kernel; the vendor
+``awq_gemm`` is not wired: its ``align_type`` layouts are not documented,
+docs/quantization.md). The patch replaces the name ``AWQLinearMethod`` in vLLM's ``awq``
+module, which ``AWQConfig.get_quant_method`` looks up at call time, applied in the same
+phases as the other quantization patches. Removal: when vLLM's AWQ kernels run on our
+platforms.
 """
 
 from __future__ import annotations
@@ -49,20 +50,8 @@ def _load(method: Any, layer: torch.nn.Module) -> tuple[Prepared, int, int]:
     return p, 4, group
 
 
-METHOD = LinearMethodPatch(
-    NAME,
-    "awq",
-    "AWQ",
-    _load,
-    __name__,
-    "AWQ layers use the plugin's weight-only kernel",
-)
+METHOD = LinearMethodPatch(NAME, "awq", _load, __name__)
 PATCH = METHOD.patch
 method_class = METHOD.method_class
-
-# apply / apply_if_loaded / revert and the phase hook: patching/quantized.py
-QUANTIZED = METHOD.quantized
-apply = QUANTIZED.apply
-apply_if_loaded = QUANTIZED.apply_if_loaded
-revert = QUANTIZED.revert
-RUNTIME_PATCHES = QUANTIZED.hooks()  # phases.apply_phase's hook (patching/phases.py)
+# phases.apply_phase's hook (patching/phases.py; the phases: patching/quantized.py)
+RUNTIME_PATCHES = METHOD.hooks()

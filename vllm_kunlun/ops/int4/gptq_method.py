@@ -5,17 +5,17 @@ or not, v1 and v2 zero points) served by the weight-only seam, and the runtime p
 Why: vLLM 0.15.1's ``GPTQLinearMethod`` calls ``ops.gptq_shuffle`` / ``gptq_gemm``
 from ``vllm._C``, which does not load on torch 2.5.1 or Kunlun (``gptq_marlin``, which
 vLLM prefers where it can, needs CUDA): every GPTQ checkpoint fails while loading.
-How: the subclass (``ops/int4/linear_method.py``) keeps vLLM's
-``create_weights`` (``qweight`` ``[K/f, N]`` packed along K, ``qzeros`` ``[G, N/f]``
-packed along N, ``scales`` ``[G, N]``, ``g_idx``), and after loading transposes the weight into compressed-tensors' layout
-``[N, K/f]`` (the same bits: both pack along K, first value lowest), unpacks the zero
-points (GPTQ v1 stores ``zero - 1``: the kernels add 1; v2 stores the zero point) and
-hands everything to ``ops/int4/seam.py``: symmetric layers (every zero point the type's
-midpoint) may take the vendor ``gptq_gemm``, others the portable chunked kernel;
-``desc_act`` permutes K once at load (``g_idx`` as loaded: a row-parallel rank's slice
-with the whole model's groups). The patch replaces the name ``GPTQLinearMethod`` in
-vLLM's ``gptq`` module, which ``GPTQConfig.get_quant_method`` looks up at call time.
-Removal: when vLLM's GPTQ kernels run on our platforms.
+How: the subclass (``ops/int4/linear_method.py``) keeps vLLM's ``create_weights``
+(``qweight`` ``[K/f, N]`` packed along K, ``qzeros`` ``[G, N/f]`` packed along N,
+``scales`` ``[G, N]``, ``g_idx``), and after loading transposes the weight into
+compressed-tensors' layout ``[N, K/f]`` (the same bits: both pack along K, first value
+lowest), unpacks the zero points (GPTQ v1 stores ``zero - 1``: the kernels add 1; v2
+stores the zero point) and hands everything to ``ops/int4/seam.py``: symmetric layers
+(every zero point the type's midpoint) may take the vendor ``gptq_gemm``, others the
+portable chunked kernel; ``desc_act`` permutes K once at load (``g_idx`` as loaded: a
+row-parallel rank's slice with the whole model's groups). The patch replaces the name
+``GPTQLinearMethod`` in vLLM's ``gptq`` module, which ``GPTQConfig.get_quant_method``
+looks up at call time. Removal: when vLLM's GPTQ kernels run on our platforms.
 """
 
 from __future__ import annotations
@@ -62,20 +62,8 @@ def _load(method: Any, layer: torch.nn.Module) -> tuple[Prepared, int, int]:
     return p, bits, group
 
 
-METHOD = LinearMethodPatch(
-    NAME,
-    "gptq",
-    "GPTQ",
-    _load,
-    __name__,
-    "GPTQ layers use the plugin's weight-only kernel",
-)
+METHOD = LinearMethodPatch(NAME, "gptq", _load, __name__)
 PATCH = METHOD.patch
 method_class = METHOD.method_class
-
-# apply / apply_if_loaded / revert and the phase hook: patching/quantized.py
-QUANTIZED = METHOD.quantized
-apply = QUANTIZED.apply
-apply_if_loaded = QUANTIZED.apply_if_loaded
-revert = QUANTIZED.revert
-RUNTIME_PATCHES = QUANTIZED.hooks()  # phases.apply_phase's hook (patching/phases.py)
+# phases.apply_phase's hook (patching/phases.py; the phases: patching/quantized.py)
+RUNTIME_PATCHES = METHOD.hooks()

@@ -33,21 +33,22 @@ Load = Callable[[Any, torch.nn.Module], "tuple[Prepared, int, int]"]
 
 
 class LinearMethodPatch:
-    """The patch of ``<QUANTIZATION>.<quant>.<label>LinearMethod``; ``owner`` is the
-    defining module (the subclass's ``__module__``), ``served`` the log line's words."""
+    """The patch ``name`` of ``<QUANTIZATION>.<quant>.<QUANT>LinearMethod``; ``owner``
+    is the defining module (the subclass's ``__module__``). ``hooks()`` is the owner's
+    ``RUNTIME_PATCHES``."""
 
-    def __init__(
-        self, name: str, quant: str, label: str, load: Load, owner: str, served: str
-    ) -> None:
+    def __init__(self, name: str, quant: str, load: Load, owner: str) -> None:
+        self.label = label = quant.upper()
         self.module = f"{QUANTIZATION}.{quant}"
         self.attr = f"{label}LinearMethod"
-        self.label = label
         self.load = load
         self.owner = owner
         self.patch = AttributePatch(
             name, self.module, self.attr, self._make, self._check
         )
+        served = f"{label} layers use the plugin's weight-only kernel"
         self.quantized = QuantizedModelPatch(self.patch, served)
+        self.hooks = self.quantized.hooks
 
     def _make(self, original: type) -> type:
         from vllm_kunlun.ops.int4 import seam
