@@ -27,18 +27,10 @@ GROUP_SIZE = 32
 
 
 def weight_args(strategy: str, symmetric: bool, group_size: int | None) -> dict:
-    return {
-        "num_bits": 4,
-        "type": "int",
-        "symmetric": symmetric,
-        "strategy": strategy,
-        "group_size": group_size,
-        "dynamic": False,
-        "actorder": None,
-        "block_structure": None,
-        "observer": "minmax",
-        "observer_kwargs": {},
-    }
+    """4-bit static weight args (compressed-tensors' min-max observer)."""
+    from vllm_kunlun.demo.tiny_quant import quant_args
+
+    return quant_args(4, strategy, symmetric, group_size)
 
 
 def w4a16_config(group_size: int = GROUP_SIZE) -> dict:
@@ -170,7 +162,7 @@ def _rewrite(
 
 
 def _projection(name: str) -> bool:
-    """An attention or MLP projection's weight (what the AWQ / GPTQ writers quantize)."""
+    """An attention or MLP projection's weight (the AWQ / GPTQ writers quantize it)."""
     import re
 
     return bool(re.fullmatch(ATTENTION, name) or re.fullmatch(MLP, name))
