@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -26,18 +27,10 @@ GROUP_SIZE = 32
 
 
 def weight_args(strategy: str, symmetric: bool, group_size: int | None) -> dict:
-    return {
-        "num_bits": 4,
-        "type": "int",
-        "symmetric": symmetric,
-        "strategy": strategy,
-        "group_size": group_size,
-        "dynamic": False,
-        "actorder": None,
-        "block_structure": None,
-        "observer": "minmax",
-        "observer_kwargs": {},
-    }
+    """4-bit static weight args (compressed-tensors' min-max observer)."""
+    from vllm_kunlun.demo.tiny_quant import quant_args
+
+    return quant_args(4, strategy, symmetric, group_size)
 
 
 def w4a16_config(group_size: int = GROUP_SIZE) -> dict:
@@ -116,13 +109,21 @@ def layer_args(name: str, config: dict) -> dict | None:
     return None
 
 
-def write_tiny_w4a16(
+Quantize = Callable[[str, Any], "dict[str, Any] | None"]
+
+
+def _rewrite(
     directory: str | os.PathLike[str],
-    dtype: str = "float32",
-    group_size: int = GROUP_SIZE,
+    dtype: str,
+    quantizer: Callable[[dict[str, Any], Any], Quantize],
+    quant_config: dict,
+    label: str,
 ) -> Path:
-    """The tiny Qwen3 written to ``directory`` and quantized to W4A16 in place; the
-    model dtype (``torch_dtype``) and the scales' dtype are ``dtype``."""
+    """The tiny Qwen3 written to ``directory`` and quantized in place, the one loop
+    every format here shares: ``quantizer(weights, float dtype)`` gives the function
+    that turns a ``.weight`` into the layer's tensors (None: it stays float, in
+    ``dtype``); ``quant_config`` and ``torch_dtype`` go into config.json, ``label`` into
+    the marker, written last (the checkpoint is complete again only once quantized)."""
     import torch
     from safetensors.torch import load_file, save
 
@@ -136,28 +137,54 @@ def write_tiny_w4a16(
     out = write_tiny_model(directory)
     (out / MARKER).unlink()  # complete again only once quantized
     config = json.loads((out / "config.json").read_text())
-    quant = w4a16_config(group_size)
-    scale_dtype = getattr(torch, dtype)
-    tensors = load_file(str(out / "model.safetensors"))
+    float_dtype = getattr(torch, dtype)
+    weights = load_file(str(out / "model.safetensors"))
+    quantize = quantizer(weights, float_dtype)
     result = {}
-    for name, t in tensors.items():
-        args = layer_args(name, quant)
-        if args is None:
-            result[name] = t.to(scale_dtype) if t.is_floating_point() else t
+    for name, t in weights.items():
+        tensors = quantize(name, t)
+        if tensors is None:
+            result[name] = t.to(float_dtype) if t.is_floating_point() else t
             continue
         prefix = name.removesuffix(".weight")
-        for key, value in compress(t, args, scale_dtype).items():
+        for key, value in tensors.items():
             result[f"{prefix}.{key}"] = value
-    config["quantization_config"] = quant
+    config["quantization_config"] = quant_config
     config["torch_dtype"] = dtype
     write_atomic(out / "model.safetensors", save(result, metadata={"format": "pt"}))
     write_atomic(
         out / "config.json",
         (json.dumps(config, indent=2, sort_keys=True) + "\n").encode(),
     )
-    marker = {**TinyQwen3Spec().marker(), "quant": f"w4a16-{dtype}-g{group_size}"}
+    marker = {**TinyQwen3Spec().marker(), "quant": label}
     write_atomic(out / MARKER, (json.dumps(marker, sort_keys=True) + "\n").encode())
     return out
+
+
+def _projection(name: str) -> bool:
+    """An attention or MLP projection's weight (the AWQ / GPTQ writers quantize it)."""
+    import re
+
+    return bool(re.fullmatch(ATTENTION, name) or re.fullmatch(MLP, name))
+
+
+def write_tiny_w4a16(
+    directory: str | os.PathLike[str],
+    dtype: str = "float32",
+    group_size: int = GROUP_SIZE,
+) -> Path:
+    """The tiny Qwen3 written to ``directory`` and quantized to W4A16 in place; the
+    model dtype (``torch_dtype``) and the scales' dtype are ``dtype``."""
+    quant = w4a16_config(group_size)
+
+    def quantizer(weights: dict[str, Any], scale_dtype: Any) -> Quantize:
+        def quantize(name: str, t: Any) -> dict[str, Any] | None:
+            args = layer_args(name, quant)
+            return None if args is None else compress(t, args, scale_dtype)
+
+        return quantize
+
+    return _rewrite(directory, dtype, quantizer, quant, f"w4a16-{dtype}-g{group_size}")
 
 
 # ---- AWQ (AutoAWQ's GEMM checkpoints) ------------------------------------------------
@@ -218,40 +245,17 @@ def write_tiny_awq(
     """The tiny Qwen3 written to ``directory`` as an AWQ GEMM checkpoint: every
     attention and MLP projection 4-bit with zero points per group; the rest float in
     ``dtype`` (vLLM serves AWQ in float16 only)."""
-    import re
 
-    import torch
-    from safetensors.torch import load_file, save
+    def quantizer(weights: dict[str, Any], float_dtype: Any) -> Quantize:
+        def quantize(name: str, t: Any) -> dict[str, Any] | None:
+            if not _projection(name):
+                return None
+            return awq_quantize(t, group_size, float_dtype)
 
-    from vllm_kunlun.demo.tiny_model import (
-        MARKER,
-        TinyQwen3Spec,
-        write_atomic,
-        write_tiny_model,
-    )
+        return quantize
 
-    out = write_tiny_model(directory)
-    (out / MARKER).unlink()
-    config = json.loads((out / "config.json").read_text())
-    float_dtype = getattr(torch, dtype)
-    result = {}
-    for name, t in load_file(str(out / "model.safetensors")).items():
-        if re.fullmatch(ATTENTION, name) or re.fullmatch(MLP, name):
-            prefix = name.removesuffix(".weight")
-            for key, value in awq_quantize(t, group_size, float_dtype).items():
-                result[f"{prefix}.{key}"] = value
-        else:
-            result[name] = t.to(float_dtype) if t.is_floating_point() else t
-    config["quantization_config"] = awq_config(group_size)
-    config["torch_dtype"] = dtype
-    write_atomic(out / "model.safetensors", save(result, metadata={"format": "pt"}))
-    write_atomic(
-        out / "config.json",
-        (json.dumps(config, indent=2, sort_keys=True) + "\n").encode(),
-    )
-    marker = {**TinyQwen3Spec().marker(), "quant": f"awq-{dtype}-g{group_size}"}
-    write_atomic(out / MARKER, (json.dumps(marker, sort_keys=True) + "\n").encode())
-    return out
+    config = awq_config(group_size)
+    return _rewrite(directory, dtype, quantizer, config, f"awq-{dtype}-g{group_size}")
 
 
 # ---- GPTQ (GPTQ / AutoGPTQ checkpoints, v1 zero points) -------------------------------
@@ -353,21 +357,6 @@ def write_tiny_gptq(
     import re
 
     import torch
-    from safetensors.torch import load_file, save
-
-    from vllm_kunlun.demo.tiny_model import (
-        MARKER,
-        TinyQwen3Spec,
-        write_atomic,
-        write_tiny_model,
-    )
-
-    out = write_tiny_model(directory)
-    (out / MARKER).unlink()
-    config = json.loads((out / "config.json").read_text())
-    float_dtype = getattr(torch, dtype)
-    result = {}
-    weights = load_file(str(out / "model.safetensors"))
 
     def shared_input(name: str) -> str:
         # q / k / v read the same input, as do gate / up: one Hessian, one order
@@ -377,32 +366,23 @@ def write_tiny_gptq(
             re.sub(r"\.(gate|up)_proj\.", ".gate_up.", name),
         )
 
-    norms: dict[str, Any] = {}
-    for name, t in weights.items():
-        if re.fullmatch(ATTENTION, name) or re.fullmatch(MLP, name):
-            key = shared_input(name)
-            norms[key] = norms.get(key, 0) + t.double().pow(2).sum(dim=0)
-    for name, t in weights.items():
-        if re.fullmatch(ATTENTION, name) or re.fullmatch(MLP, name):
-            prefix = name.removesuffix(".weight")
+    def quantizer(weights: dict[str, Any], float_dtype: Any) -> Quantize:
+        norms: dict[str, Any] = {}
+        for name, t in weights.items():
+            if _projection(name):
+                key = shared_input(name)
+                norms[key] = norms.get(key, 0) + t.double().pow(2).sum(dim=0)
+
+        def quantize(name: str, t: Any) -> dict[str, Any] | None:
+            if not _projection(name):
+                return None
             order = torch.argsort(
                 norms[shared_input(name)], descending=True, stable=True
             )
-            tensors = gptq_quantize(
-                t, bits, group_size, desc_act, sym, float_dtype, order
-            )
-            for key, value in tensors.items():
-                result[f"{prefix}.{key}"] = value
-        else:
-            result[name] = t.to(float_dtype) if t.is_floating_point() else t
-    config["quantization_config"] = gptq_config(bits, group_size, desc_act, sym)
-    config["torch_dtype"] = dtype
-    write_atomic(out / "model.safetensors", save(result, metadata={"format": "pt"}))
-    write_atomic(
-        out / "config.json",
-        (json.dumps(config, indent=2, sort_keys=True) + "\n").encode(),
-    )
+            return gptq_quantize(t, bits, group_size, desc_act, sym, float_dtype, order)
+
+        return quantize
+
+    config = gptq_config(bits, group_size, desc_act, sym)
     label = f"gptq-{bits}bit-g{group_size}-{'act' if desc_act else 'seq'}-{sym}"
-    marker = {**TinyQwen3Spec().marker(), "quant": label}
-    write_atomic(out / MARKER, (json.dumps(marker, sort_keys=True) + "\n").encode())
-    return out
+    return _rewrite(directory, dtype, quantizer, config, label)

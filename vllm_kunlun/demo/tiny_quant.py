@@ -69,22 +69,35 @@ def quantize_weight(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return q, scale
 
 
+def quant_args(
+    num_bits: int,
+    strategy: str,
+    symmetric: bool = True,
+    group_size: int | None = None,
+    dynamic: bool = False,
+    observer: str | None = "minmax",
+) -> dict:
+    """compressed-tensors' ``QuantizationArgs`` for integers, as llm-compressor writes
+    them into a config group (the W8A8 and W4A16 writers share it)."""
+    return {
+        "num_bits": num_bits,
+        "type": "int",
+        "symmetric": symmetric,
+        "strategy": strategy,
+        "dynamic": dynamic,
+        "group_size": group_size,
+        "block_structure": None,
+        "actorder": None,
+        "observer": observer,
+        "observer_kwargs": {},
+    }
+
+
 def w8a8_dynamic_config(ignore: Sequence[str]) -> dict:
     """The ``quantization_config`` of a W8A8-INT8 dynamic compressed-tensors checkpoint."""
 
     def args(strategy: str, dynamic: bool, observer: str | None) -> dict:
-        return {
-            "num_bits": 8,
-            "type": "int",
-            "symmetric": True,
-            "strategy": strategy,
-            "dynamic": dynamic,
-            "group_size": None,
-            "block_structure": None,
-            "actorder": None,
-            "observer": observer,
-            "observer_kwargs": {},
-        }
+        return quant_args(8, strategy, dynamic=dynamic, observer=observer)
 
     return {
         "quant_method": "compressed-tensors",

@@ -132,10 +132,12 @@ def test_the_quantized_phase_imports_where_the_model_process_only_looks(
 
     seen: list[str] = []
     monkeypatch.setattr(
-        int8_kernel_table_patch, "apply", lambda: seen.append("apply") or True
+        int8_kernel_table_patch.QUANTIZED,
+        "apply",
+        lambda: seen.append("apply") or True,
     )
     monkeypatch.setattr(
-        int8_kernel_table_patch,
+        int8_kernel_table_patch.QUANTIZED,
         "apply_if_loaded",
         lambda: seen.append("if_loaded") or False,
     )

@@ -190,19 +190,9 @@ def _impl(
     return out.reshape(*x.shape[:-1], out.shape[-1])  # type: ignore[no-any-return]
 
 
-def _fake(
-    x: torch.Tensor,
-    weight: torch.Tensor,
-    scales: torch.Tensor,
-    zeros: torch.Tensor | None,
-    index: torch.Tensor | None,
-    groups: torch.Tensor | None,
-    bias: torch.Tensor | None,
-    bits: int,
-    group_size: int,
-    gptq_layout: bool,
-) -> torch.Tensor:
-    n = weight.shape[1] if gptq_layout else weight.shape[0]
+def _fake(x: torch.Tensor, weight: torch.Tensor, *rest: Any) -> torch.Tensor:
+    """The output's shape only; ``rest`` is ``_impl``'s, ending with ``gptq_layout``."""
+    n = weight.shape[1] if rest[-1] else weight.shape[0]
     return x.new_empty((*x.shape[:-1], n))
 
 

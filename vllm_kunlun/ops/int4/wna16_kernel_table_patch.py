@@ -17,21 +17,15 @@ Removal: when vLLM lists a mixed-precision kernel that runs on out-of-tree platf
 
 from __future__ import annotations
 
-import sys
 from types import ModuleType
 from typing import Any
 
-from vllm_kunlun.logger import init_logger
 from vllm_kunlun.patching.attribute import (
     AttributePatch,
-    PatchMismatch,
     expect_call,
     expect_params,
-    platform_resolved,
 )
-from vllm_kunlun.patching.phases import Phase
-
-logger = init_logger(__name__)
+from vllm_kunlun.patching.quantized import QuantizedModelPatch
 
 NAME = "kunlun_wna16_linear_kernel"
 MODULE = "vllm.model_executor.layers.quantization.kernels.mixed_precision"
@@ -56,38 +50,11 @@ def _make(original: list[Any]) -> list[Any]:
 PATCH = AttributePatch(NAME, MODULE, "_POSSIBLE_KERNELS", _make, _check)
 
 
-def apply() -> bool:
-    """Apply now (imports vLLM's mixed-precision kernels); True when this call applied
-    it. A target that differs from vLLM 0.15.1's is left alone with a warning."""
-    try:
-        done = PATCH.apply()
-    except PatchMismatch as exc:
-        logger.warning_once("vllm-kunlun: %s", str(exc))
-        return False
-    if done:
-        logger.info(
-            "vllm-kunlun: runtime patch %s applied (weight-only integer layers use "
-            "KunlunWNA16LinearKernel)",
-            NAME,
-        )
-    return done
-
-
-def apply_if_loaded() -> bool:
-    """Apply only if this process already imported the mixed-precision kernels (a
-    quantized model's config did) and vLLM's platform is resolved."""
-    if MODULE not in sys.modules or not platform_resolved():
-        return False
-    return apply()
-
-
-def _apply_in(phase: Phase) -> bool:
-    return apply() if phase is Phase.QUANTIZED_MODEL else apply_if_loaded()
-
-
-# phases.apply_phase's hook (patching/phases.py)
-RUNTIME_PATCHES = {NAME: _apply_in}
-
-
-def revert() -> None:
-    PATCH.revert()
+# apply / apply_if_loaded / revert and the phase hook: patching/quantized.py
+QUANTIZED = QuantizedModelPatch(
+    PATCH, "weight-only integer layers use KunlunWNA16LinearKernel"
+)
+apply = QUANTIZED.apply
+apply_if_loaded = QUANTIZED.apply_if_loaded
+revert = QUANTIZED.revert
+RUNTIME_PATCHES = QUANTIZED.hooks()  # phases.apply_phase's hook (patching/phases.py)

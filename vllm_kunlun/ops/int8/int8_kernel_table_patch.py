@@ -18,21 +18,15 @@ out-of-tree platforms.
 
 from __future__ import annotations
 
-import sys
 from types import ModuleType
 from typing import Any
 
-from vllm_kunlun.logger import init_logger
 from vllm_kunlun.patching.attribute import (
     AttributePatch,
-    PatchMismatch,
     expect_call,
     expect_params,
-    platform_resolved,
 )
-from vllm_kunlun.patching.phases import Phase
-
-logger = init_logger(__name__)
+from vllm_kunlun.patching.quantized import QuantizedModelPatch
 
 NAME = "kunlun_int8_scaled_mm_kernel"
 MODULE = "vllm.model_executor.layers.quantization.kernels.scaled_mm"
@@ -71,41 +65,11 @@ def _make(original: dict[Any, list[Any]]) -> dict[Any, list[Any]]:
 PATCH = AttributePatch(NAME, MODULE, "_POSSIBLE_INT8_KERNELS", _make, _check)
 
 
-def apply() -> bool:
-    """Apply now (imports vLLM's scaled_mm kernels); True when this call applied it.
-
-    A target that differs from vLLM 0.15.1's is left alone with a warning that says
-    what differs: W8A8 layers then fail inside vLLM as they would without the plugin.
-    """
-    try:
-        done = PATCH.apply()
-    except PatchMismatch as exc:
-        logger.warning_once("vllm-kunlun: %s", str(exc))
-        return False
-    if done:
-        logger.info(
-            "vllm-kunlun: runtime patch %s applied (W8A8 int8 layers use "
-            "KunlunInt8ScaledMMLinearKernel)",
-            NAME,
-        )
-    return done
-
-
-def apply_if_loaded() -> bool:
-    """Apply only if this process already imported the scaled_mm kernels (a quantized
-    model's config did) and vLLM's platform is resolved; cheap otherwise."""
-    if MODULE not in sys.modules or not platform_resolved():
-        return False
-    return apply()
-
-
-def _apply_in(phase: Phase) -> bool:
-    return apply() if phase is Phase.QUANTIZED_MODEL else apply_if_loaded()
-
-
-# phases.apply_phase's hook (patching/phases.py)
-RUNTIME_PATCHES = {NAME: _apply_in}
-
-
-def revert() -> None:
-    PATCH.revert()
+# apply / apply_if_loaded / revert and the phase hook: patching/quantized.py
+QUANTIZED = QuantizedModelPatch(
+    PATCH, "W8A8 int8 layers use KunlunInt8ScaledMMLinearKernel"
+)
+apply = QUANTIZED.apply
+apply_if_loaded = QUANTIZED.apply_if_loaded
+revert = QUANTIZED.revert
+RUNTIME_PATCHES = QUANTIZED.hooks()  # phases.apply_phase's hook (patching/phases.py)

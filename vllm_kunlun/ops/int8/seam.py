@@ -208,18 +208,9 @@ _SCHEMA = (
 )
 
 
-def _impl(
-    x: torch.Tensor,
-    weight: torch.Tensor,
-    weight_scale: torch.Tensor,
-    input_scale: torch.Tensor | None,
-    input_zero_point: torch.Tensor | None,
-    azp_adj: torch.Tensor | None,
-    bias: torch.Tensor | None,
-) -> torch.Tensor:
-    return select_kernels(x.device).linear(
-        x, weight, weight_scale, input_scale, input_zero_point, azp_adj, bias
-    )
+def _impl(x: torch.Tensor, *rest: torch.Tensor | None) -> torch.Tensor:
+    """The schema's arguments, in its order, to ``Int8Kernels.linear`` of x's device."""
+    return select_kernels(x.device).linear(x, *rest)  # type: ignore[arg-type]
 
 
 def _fake(x: torch.Tensor, weight: torch.Tensor, *scales_and_bias: Any) -> torch.Tensor:
