@@ -22,7 +22,7 @@ import math
 import urllib.error
 import urllib.request
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeGuard
 
 TOP_LOGPROBS = 1
 
@@ -121,6 +121,19 @@ def _optional(url: str, timeout: float) -> Any:
         raise
 
 
+def _has_dtype(doc: Any) -> TypeGuard[dict[str, Any]]:
+    """A config document that names the served dtype."""
+    return isinstance(doc, dict) and "dtype" in doc
+
+
+def _from_config(route: str, doc: dict[str, Any]) -> ServedConfig:
+    """The served model, dtype and quantization as a config document ``doc`` from
+    ``route`` names them."""
+    return ServedConfig(
+        route, doc.get("model"), _dtype(doc.get("dtype")), doc.get("quantization"), True
+    )
+
+
 def _dtype(value: Any) -> str | None:
     return None if value is None else str(value).removeprefix("torch.")
 
@@ -129,25 +142,13 @@ def served_config(url: str, name: str, timeout: float) -> ServedConfig:
     """What the server at ``url`` computes ``name`` with (see the module docstring)."""
     base = base_url(url)
     doc = _optional(f"{base}/kunlun/served_config", timeout)
-    if isinstance(doc, dict) and "dtype" in doc:
-        return ServedConfig(
-            "/kunlun/served_config",
-            doc.get("model"),
-            _dtype(doc.get("dtype")),
-            doc.get("quantization"),
-            True,
-        )
+    if _has_dtype(doc):
+        return _from_config("/kunlun/served_config", doc)
     info = _optional(f"{base}/server_info?config_format=json", timeout)
     config = info.get("vllm_config") if isinstance(info, dict) else None
     model = config.get("model_config") if isinstance(config, dict) else None
-    if isinstance(model, dict) and "dtype" in model:
-        return ServedConfig(
-            "/server_info",
-            model.get("model"),
-            _dtype(model.get("dtype")),
-            model.get("quantization"),
-            True,
-        )
+    if _has_dtype(model):
+        return _from_config("/server_info", model)
     listing = _request(f"{base}/v1/models", None, timeout)
     roots = [
         m.get("root")

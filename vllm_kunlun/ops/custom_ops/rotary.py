@@ -11,6 +11,7 @@ Removal: when vLLM dispatches rotary embedding to Kunlun kernels itself.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -21,6 +22,30 @@ from vllm_kunlun.ops.custom_ops import rotary_vendor as rotary
 from vllm_kunlun.ops.routes import Kernels, Refused, Route
 
 QK = tuple[torch.Tensor, torch.Tensor | None]
+
+
+def _rotate(
+    layer: RotaryEmbedding | MRotaryEmbedding,
+    kernel: Callable[..., QK],
+    k: Kernels,
+    positions: torch.Tensor,
+    query: torch.Tensor,
+    key: torch.Tensor | None,
+    *extra: Any,
+) -> QK:
+    """The vendor call of both classes: the cache in the query's dtype, then ``kernel``
+    with the layer's head size, cache and style (``extra``: M-RoPE's section layout)."""
+    layer._match_cos_sin_cache_dtype(query)
+    return kernel(
+        k,
+        positions,
+        query,
+        key,
+        layer.head_size,
+        layer.cos_sin_cache,
+        layer.is_neox_style,
+        *extra,
+    )
 
 
 class KunlunRotaryEmbedding(RotaryEmbedding):
@@ -35,16 +60,7 @@ class KunlunRotaryEmbedding(RotaryEmbedding):
         query: torch.Tensor,
         key: torch.Tensor | None = None,
     ) -> QK:
-        self._match_cos_sin_cache_dtype(query)
-        return rotary.rotary_embedding(
-            k,
-            positions,
-            query,
-            key,
-            self.head_size,
-            self.cos_sin_cache,
-            self.is_neox_style,
-        )
+        return _rotate(self, rotary.rotary_embedding, k, positions, query, key)
 
     def forward_oot(
         self,
@@ -74,15 +90,13 @@ class KunlunMRotaryEmbedding(MRotaryEmbedding):
     ) -> QK:
         if offsets is not None:
             raise Refused("position offsets (no kernel argument)")
-        self._match_cos_sin_cache_dtype(query)
-        return rotary.mrotary_embedding(
+        return _rotate(
+            self,
+            rotary.mrotary_embedding,
             k,
             positions,
             query,
             key,
-            self.head_size,
-            self.cos_sin_cache,
-            self.is_neox_style,
             self.mrope_section,
             self.mrope_interleaved,
         )

@@ -123,7 +123,8 @@ def _conv_multi_uniform(
     out: torch.Tensor,
 ) -> bool:
     """``causal_conv1d_multi`` for the common batch (every sequence ``L`` tokens, no
-    padding slot) in one pass; False (nothing done) otherwise."""
+    padding slot) in one pass; False (nothing done) otherwise. A ragged batch runs
+    it once per sequence."""
     n = len(starts) - 1
     slots = slots[:n]
     if n == 0 or PAD_SLOT_ID in slots:
@@ -186,7 +187,6 @@ def causal_conv1d_multi(
     columns ``0 .. K - 2`` and the slot keeps the last ``K - 1`` inputs.
     Returns ``[tokens, dim]``.
     """
-    width = weight.shape[-1]
     out = torch.zeros_like(x)
     starts = query_start_loc.tolist()
     idx = conv_state_indices
@@ -198,26 +198,23 @@ def causal_conv1d_multi(
     )
     if fast:
         return out
+    # Ragged lengths or padding: each sequence is a batch of one.
     for n, slot in enumerate(slots[: len(starts) - 1]):
         start, end = starts[n], starts[n + 1]
         if slot == PAD_SLOT_ID or end == start:
             continue
-        offset = accepted[n] - 1 if accepted is not None else 0
-        history = conv_state[slot, :, offset : offset + width - 1].to(torch.float32)
-        new = x[start:end].to(torch.float32).t()  # [dim, L]
-        window = torch.cat([history, new], dim=-1)  # [dim, K - 1 + L]
-        y = F.conv1d(window.unsqueeze(0), w.unsqueeze(1), None, groups=window.shape[0])[
-            0
-        ]  # [dim, L]
-        if bias is not None:
-            y = y + bias.to(torch.float32).unsqueeze(-1)
-        out[start:end] = _activate(y, activation).t().to(x.dtype)
-        if accepted is not None:
-            kept = conv_state[slot, :, offset + 1 : offset + width - 1]
-            state = torch.cat([kept.to(torch.float32), new], dim=-1)
-        else:
-            state = window[:, -(width - 1) :]
-        conv_state[slot, :, : state.shape[-1]] = state.to(conv_state.dtype)
+        one_accepted = [accepted[n]] if accepted is not None else None
+        _conv_multi_uniform(
+            x[start:end],
+            conv_state,
+            w,
+            bias,
+            activation,
+            [slot],
+            [0, end - start],
+            one_accepted,
+            out[start:end],
+        )
     return out
 
 

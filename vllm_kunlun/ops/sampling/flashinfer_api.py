@@ -12,10 +12,16 @@ a threshold kept, a row without a distribution yields token 0), plus flashinfer'
 ``indices`` (many draws per score row), a ``generator`` or an explicit ``seed`` /
 ``offset`` (``rng.py``), ``check_nan=True`` (raises on NaN, which synchronises), and
 ``deterministic`` accepted and ignored (the result depends only on the inputs and the
-uniforms).
+uniforms). The seven ``*sampling_from_*`` functions differ only in their input and
+filter parameters, so one factory builds them from a table of signature parts
+(``inspect.signature`` and the docstrings are flashinfer's).
 """
 
 from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -52,6 +58,8 @@ __all__ = [
 ]
 
 _FILTER_ORDERS = ("top_k_first", "joint")
+_POSITIONAL = inspect.Parameter.POSITIONAL_OR_KEYWORD
+_EMPTY = inspect.Parameter.empty
 
 
 def _check_indices(
@@ -71,16 +79,29 @@ def _check_nan(x: torch.Tensor, what: str) -> None:
         raise ValueError(f"Input {what} contains NaN.")
 
 
+def _draw_rows(
+    scores: torch.Tensor, what: str, indices: torch.Tensor | None
+) -> tuple[torch.Tensor, torch.Tensor | None, int, torch.dtype]:
+    """The checked score matrix, the score row of each draw (None: one draw per row),
+    the number of draws and the output dtype (int32, or ``indices``' dtype)."""
+    scores = as_float_matrix(scores, what)
+    out_dtype = indices.dtype if isinstance(indices, torch.Tensor) else torch.int32
+    rows = _check_indices(indices, scores.device)
+    draws = scores.shape[0] if rows is None else rows.shape[0]
+    return scores, rows, draws, out_dtype
+
+
 def _sample_api(
     scores: torch.Tensor,
     what: str,
-    top_k: torch.Tensor | int | None,
-    top_p: torch.Tensor | float | None,
+    *,
     indices: torch.Tensor | None,
     generator: torch.Generator | None,
     check_nan: bool,
     seed: int | torch.Tensor | None,
     offset: int | torch.Tensor | None,
+    top_k: torch.Tensor | int | None = None,
+    top_p: torch.Tensor | float | None = None,
     filter_apply_order: str = "top_k_first",
 ) -> torch.Tensor:
     """flashinfer's sampling contract: one token per row of ``scores`` (or per entry of
@@ -90,11 +111,8 @@ def _sample_api(
             f"Invalid filter_apply_order: {filter_apply_order!r}; use one of "
             f"{_FILTER_ORDERS}"
         )
-    scores = as_float_matrix(scores, what)
-    out_dtype = indices.dtype if isinstance(indices, torch.Tensor) else torch.int32
-    rows = _check_indices(indices, scores.device)
+    scores, rows, draws, out_dtype = _draw_rows(scores, what, indices)
     batch, vocab = scores.shape
-    draws = batch if rows is None else rows.shape[0]
     if draws == 0:
         return torch.empty(0, dtype=out_dtype, device=scores.device)
     # flashinfer's rule: a parameter is a scalar or one value per output row.
@@ -125,141 +143,23 @@ def _sample_api(
     return tokens.to(out_dtype)
 
 
-def sampling_from_probs(
+def _min_p_api(
     probs: torch.Tensor,
-    indices: torch.Tensor | None = None,
-    deterministic: bool = True,
-    generator: torch.Generator | None = None,
-    check_nan: bool = False,
-    seed: int | torch.Tensor | None = None,
-    offset: int | torch.Tensor | None = None,
-) -> torch.Tensor:
-    """flashinfer's ``sampling_from_probs``: one token per row (or per index)."""
-    return _sample_api(
-        probs, "probs", None, None, indices, generator, check_nan, seed, offset
-    )
-
-
-def sampling_from_logits(
-    logits: torch.Tensor,
-    indices: torch.Tensor | None = None,
-    deterministic: bool = True,
-    generator: torch.Generator | None = None,
-    check_nan: bool = False,
-    seed: int | torch.Tensor | None = None,
-    offset: int | torch.Tensor | None = None,
-) -> torch.Tensor:
-    """flashinfer's ``sampling_from_logits``: sampling from ``softmax(logits)``."""
-    return _sample_api(
-        logits, "logits", None, None, indices, generator, check_nan, seed, offset
-    )
-
-
-def top_p_sampling_from_probs(
-    probs: torch.Tensor,
-    top_p: torch.Tensor | float,
-    indices: torch.Tensor | None = None,
-    deterministic: bool = True,
-    generator: torch.Generator | None = None,
-    check_nan: bool = False,
-    seed: int | torch.Tensor | None = None,
-    offset: int | torch.Tensor | None = None,
-) -> torch.Tensor:
-    """flashinfer's ``top_p_sampling_from_probs`` (nucleus sampling)."""
-    return _sample_api(
-        probs, "probs", None, top_p, indices, generator, check_nan, seed, offset
-    )
-
-
-def top_k_sampling_from_probs(
-    probs: torch.Tensor,
-    top_k: torch.Tensor | int,
-    indices: torch.Tensor | None = None,
-    deterministic: bool = True,
-    generator: torch.Generator | None = None,
-    check_nan: bool = False,
-    seed: int | torch.Tensor | None = None,
-    offset: int | torch.Tensor | None = None,
-) -> torch.Tensor:
-    """flashinfer's ``top_k_sampling_from_probs``."""
-    return _sample_api(
-        probs, "probs", top_k, None, indices, generator, check_nan, seed, offset
-    )
-
-
-def top_k_top_p_sampling_from_probs(
-    probs: torch.Tensor,
-    top_k: torch.Tensor | int,
-    top_p: torch.Tensor | float,
-    indices: torch.Tensor | None = None,
-    filter_apply_order: str = "top_k_first",
-    deterministic: bool = True,
-    generator: torch.Generator | None = None,
-    check_nan: bool = False,
-    seed: int | torch.Tensor | None = None,
-    offset: int | torch.Tensor | None = None,
-) -> torch.Tensor:
-    """flashinfer's ``top_k_top_p_sampling_from_probs``."""
-    return _sample_api(
-        probs,
-        "probs",
-        top_k,
-        top_p,
-        indices,
-        generator,
-        check_nan,
-        seed,
-        offset,
-        filter_apply_order,
-    )
-
-
-def top_k_top_p_sampling_from_logits(
-    logits: torch.Tensor,
-    top_k: torch.Tensor | int,
-    top_p: torch.Tensor | float,
-    indices: torch.Tensor | None = None,
-    filter_apply_order: str = "top_k_first",
-    deterministic: bool = True,
-    generator: torch.Generator | None = None,
-    check_nan: bool = False,
-    seed: int | torch.Tensor | None = None,
-    offset: int | torch.Tensor | None = None,
-) -> torch.Tensor:
-    """flashinfer's ``top_k_top_p_sampling_from_logits``: as from ``softmax(logits)``."""
-    return _sample_api(
-        logits,
-        "logits",
-        top_k,
-        top_p,
-        indices,
-        generator,
-        check_nan,
-        seed,
-        offset,
-        filter_apply_order,
-    )
-
-
-def min_p_sampling_from_probs(
-    probs: torch.Tensor,
+    what: str,
+    *,
     min_p: torch.Tensor | float,
-    indices: torch.Tensor | None = None,
-    deterministic: bool = True,
-    generator: torch.Generator | None = None,
-    check_nan: bool = False,
-    seed: int | torch.Tensor | None = None,
-    offset: int | torch.Tensor | None = None,
+    indices: torch.Tensor | None,
+    generator: torch.Generator | None,
+    check_nan: bool,
+    seed: int | torch.Tensor | None,
+    offset: int | torch.Tensor | None,
 ) -> torch.Tensor:
-    """flashinfer's ``min_p_sampling_from_probs``: keeps ``probs >= min_p * max``."""
-    probs = as_float_matrix(probs, "probs")
-    out_dtype = indices.dtype if isinstance(indices, torch.Tensor) else torch.int32
-    rows = _check_indices(indices, probs.device)
-    draws = probs.shape[0] if rows is None else rows.shape[0]
+    """``min_p_sampling_from_probs``' body: keeps ``probs >= min_p * max``."""
+    probs, rows, draws, out_dtype = _draw_rows(probs, what, indices)
     scale = normalize_top_p(min_p, draws, probs.device, strict=True)
     assert scale is not None
     if check_nan:
-        _check_nan(probs, "probs")
+        _check_nan(probs, what)
     u = rng.uniforms(
         draws, 1, probs.device, generator=generator, seed=seed, offset=offset
     )
@@ -274,6 +174,108 @@ def min_p_sampling_from_probs(
     threshold = scale * probs.amax(dim=-1)
     tokens = draw_ops.draw(probs, u[:, 0], threshold=threshold, rows=rows)
     return tokens.to(out_dtype)
+
+
+# The sampling functions differ only in their input (probs or logits) and filter
+# parameters; their signatures are built from these parts, in flashinfer's order
+# (input, filters, indices, [filter_apply_order], the draw options). Annotations are
+# strings, as ``from __future__ import annotations`` leaves them on a ``def``.
+def _param(name: str, annotation: str, default: object = _EMPTY) -> inspect.Parameter:
+    return inspect.Parameter(name, _POSITIONAL, default=default, annotation=annotation)
+
+
+_FILTER_PARAMS = {
+    "top_k": _param("top_k", "torch.Tensor | int"),
+    "top_p": _param("top_p", "torch.Tensor | float"),
+    "min_p": _param("min_p", "torch.Tensor | float"),
+}
+_INDICES = _param("indices", "torch.Tensor | None", None)
+_ORDER = _param("filter_apply_order", "str", "top_k_first")
+_DRAW_OPTIONS = (
+    _param("deterministic", "bool", True),
+    _param("generator", "torch.Generator | None", None),
+    _param("check_nan", "bool", False),
+    _param("seed", "int | torch.Tensor | None", None),
+    _param("offset", "int | torch.Tensor | None", None),
+)
+
+
+def _sampling_function(
+    name: str,
+    what: str,
+    filters: tuple[str, ...],
+    doc: str,
+    body: Callable[..., torch.Tensor] = _sample_api,
+) -> Callable[..., torch.Tensor]:
+    """One of flashinfer's ``*sampling_from_*`` functions: flashinfer's signature
+    (``inspect.signature`` shows it), bound per call and handed to ``body``;
+    ``deterministic`` is accepted and ignored."""
+    params = [_param(what, "torch.Tensor")]
+    params += [_FILTER_PARAMS[f] for f in filters]
+    params.append(_INDICES)
+    if filters == ("top_k", "top_p"):
+        params.append(_ORDER)
+    params += _DRAW_OPTIONS
+    signature = inspect.Signature(params, return_annotation="torch.Tensor")
+
+    def function(*args: Any, **kwargs: Any) -> torch.Tensor:
+        arguments = signature.bind(*args, **kwargs)
+        arguments.apply_defaults()
+        given = dict(arguments.arguments)
+        del given["deterministic"]
+        return body(given.pop(what), what, **given)
+
+    function.__name__ = function.__qualname__ = name
+    function.__doc__ = doc
+    function.__signature__ = signature  # type: ignore[attr-defined]
+    function.__annotations__ = {p.name: p.annotation for p in params}
+    function.__annotations__["return"] = "torch.Tensor"
+    return function
+
+
+sampling_from_probs = _sampling_function(
+    "sampling_from_probs",
+    "probs",
+    (),
+    "flashinfer's ``sampling_from_probs``: one token per row (or per index).",
+)
+sampling_from_logits = _sampling_function(
+    "sampling_from_logits",
+    "logits",
+    (),
+    "flashinfer's ``sampling_from_logits``: sampling from ``softmax(logits)``.",
+)
+top_p_sampling_from_probs = _sampling_function(
+    "top_p_sampling_from_probs",
+    "probs",
+    ("top_p",),
+    "flashinfer's ``top_p_sampling_from_probs`` (nucleus sampling).",
+)
+top_k_sampling_from_probs = _sampling_function(
+    "top_k_sampling_from_probs",
+    "probs",
+    ("top_k",),
+    "flashinfer's ``top_k_sampling_from_probs``.",
+)
+top_k_top_p_sampling_from_probs = _sampling_function(
+    "top_k_top_p_sampling_from_probs",
+    "probs",
+    ("top_k", "top_p"),
+    "flashinfer's ``top_k_top_p_sampling_from_probs``.",
+)
+top_k_top_p_sampling_from_logits = _sampling_function(
+    "top_k_top_p_sampling_from_logits",
+    "logits",
+    ("top_k", "top_p"),
+    "flashinfer's ``top_k_top_p_sampling_from_logits``: as from ``softmax(logits)``.",
+)
+min_p_sampling_from_probs = _sampling_function(
+    "min_p_sampling_from_probs",
+    "probs",
+    ("min_p",),
+    "flashinfer's ``min_p_sampling_from_probs``: keeps ``probs >= min_p * max``.",
+    _min_p_api,
+)
 
 
 def softmax(
@@ -319,21 +321,32 @@ def softmax(
     return torch.softmax(logits / float(temperature), dim=-1)
 
 
+def _filtered(
+    scores: torch.Tensor,
+    what: str,
+    top_k: torch.Tensor | int | None,
+    top_p: torch.Tensor | float | None,
+    fill: float,
+) -> torch.Tensor:
+    """A float32 copy of ``scores`` with the entries outside the filters set to
+    ``fill`` (the input is untouched)."""
+    return filter_scores(
+        as_float_matrix(scores, what).clone(),
+        top_k,
+        top_p,
+        scores_are_logits=what == "logits",
+        fill=fill,
+        strict=True,
+    )
+
+
 def _renorm(
     probs: torch.Tensor,
     top_k: torch.Tensor | int | None,
     top_p: torch.Tensor | float | None,
 ) -> torch.Tensor:
-    original = probs.dtype
-    kept = filter_scores(
-        as_float_matrix(probs, "probs").clone(),
-        top_k,
-        top_p,
-        scores_are_logits=False,
-        fill=0.0,
-        strict=True,
-    )
-    return (kept / kept.sum(dim=-1, keepdim=True)).to(original)
+    kept = _filtered(probs, "probs", top_k, top_p, 0.0)
+    return (kept / kept.sum(dim=-1, keepdim=True)).to(probs.dtype)
 
 
 def top_p_renorm_probs(
@@ -352,16 +365,7 @@ def top_k_renorm_probs(probs: torch.Tensor, top_k: torch.Tensor | int) -> torch.
 def top_k_mask_logits(logits: torch.Tensor, top_k: torch.Tensor | int) -> torch.Tensor:
     """flashinfer's ``top_k_mask_logits``: a copy with non-top-k logits set to -inf,
     same dtype as ``logits``."""
-    original = logits.dtype
-    masked = filter_scores(
-        as_float_matrix(logits, "logits").clone(),
-        top_k,
-        None,
-        scores_are_logits=True,
-        fill=float("-inf"),
-        strict=True,
-    )
-    return masked.to(original)
+    return _filtered(logits, "logits", top_k, None, float("-inf")).to(logits.dtype)
 
 
 top_p_renorm_prob = top_p_renorm_probs
@@ -389,17 +393,12 @@ def chain_speculative_sampling(
     are added in place to the tensors given. The accepted count also counts drafts
     after the first rejection that would be accepted on their own (a fresh uniform each).
     """
-    if draft_probs.dim() != 3 or draft_token_ids.dim() != 2 or target_probs.dim() != 3:
-        raise ValueError(
-            "expected draft_probs (batch, n, vocab), draft_token_ids (batch, n) and "
-            f"target_probs (batch, n + 1, vocab); got {tuple(draft_probs.shape)}, "
-            f"{tuple(draft_token_ids.shape)}, {tuple(target_probs.shape)}"
-        )
-    batch, n, vocab = draft_probs.shape
-    if tuple(draft_token_ids.shape) != (batch, n) or tuple(target_probs.shape) != (
-        batch,
-        n + 1,
-        vocab,
+    draft_shape = tuple(draft_probs.shape)
+    batch, n, vocab = draft_shape if len(draft_shape) == 3 else (-1, -1, -1)
+    if (
+        len(draft_shape) != 3
+        or tuple(draft_token_ids.shape) != (batch, n)
+        or tuple(target_probs.shape) != (batch, n + 1, vocab)
     ):
         raise ValueError(
             "expected draft_probs (batch, n, vocab), draft_token_ids (batch, n) and "
