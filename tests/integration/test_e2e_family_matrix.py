@@ -26,7 +26,7 @@ on the portable kernel over its own cache (``ops/attention/kunlun.py``).
 Families served elsewhere (no second engine here): Qwen3 (``test_e2e_emulation.py``),
 Qwen3.5 dense / MoE (``test_e2e_hybrid.py``, ``test_e2e_moe.py``), Qwen3-MoE, Mixtral,
 GLM-4.5 (``test_e2e_fused_moe.py``), Qwen3-Next (``test_e2e_qwen3_next.py``).
-Vision-language (Qwen2.5-VL, Qwen3-VL) and embedding entries: see ``ELSEWHERE``.
+Vision-language (Qwen2.5-VL, Qwen3-VL) and embedding entries: ``ELSEWHERE`` names their modules.
 """
 
 from __future__ import annotations
@@ -93,7 +93,7 @@ WINDOWED = ["gemma2", "gemma3", "mistral", "gpt_oss"]
 # float64 on the 100-token prompt), which float32 may break either way; seed 3's
 # closest call is 7e-3. The others' closest calls at seed 0 are 1e-3 or more.
 SEEDS = {"gpt_oss": 3}
-# Families whose matrix entries live in other modules (filled in as they land).
+# Families whose matrix entries live in other modules.
 ELSEWHERE: dict[str, list[str]] = {
     "qwen3": [
         "tests/integration/test_e2e_emulation.py::"
@@ -101,8 +101,16 @@ ELSEWHERE: dict[str, list[str]] = {
         "tests/integration/test_e2e_vendor_emulation.py::"
         "test_greedy_matches_transformers_through_the_vendor_kernels",
     ],
-    # Vision-language and pooling families join here with their own engines:
-    # "qwen2_5_vl": [...], "qwen3_vl": [...], "embedding": [...],
+    # Both Qwen-VL families run in one parametrized module (an engine each).
+    "qwen2_5_vl_qwen3_vl": [
+        "tests/integration/test_e2e_qwen_vl.py::"
+        "test_greedy_matches_transformers_token_for_token",
+    ],
+    "embedding": [
+        "tests/integration/test_e2e_pooling.py::test_embeddings_match_transformers",
+        "tests/integration/test_serve_pooling.py::"
+        "test_embeddings_of_token_inputs_match_transformers",
+    ],
 }
 
 
