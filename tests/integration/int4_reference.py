@@ -11,19 +11,36 @@ from the reference by float rounding only.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
 
 try:  # imported by the tests
-    from tests.integration.w8a8_reference import greedy, teacher_forced
+    from tests.integration.w8a8_reference import (
+        assert_greedy_matches,
+        greedy,
+        teacher_forced,
+    )
 except ImportError:  # run by e2e_runner, next to it
-    from w8a8_reference import greedy, teacher_forced  # type: ignore[no-redef]
+    from w8a8_reference import (  # type: ignore[no-redef]
+        assert_greedy_matches,
+        greedy,
+        teacher_forced,
+    )
 from vllm_kunlun.demo.tiny_int4 import dequantize, layer_args
 
 
-def float64_reference(model_dir: str) -> torch.nn.Module:
+def _float64_model(
+    model_dir: str,
+    packed_suffix: str,
+    drop: tuple[str, ...],
+    dequantize_layer: Callable[[dict[str, torch.Tensor], str, dict], torch.Tensor],
+) -> torch.nn.Module:
+    """transformers' model in float64 with every packed layer replaced by its
+    dequantized weight (``dequantize_layer(tensors, prefix, quantization_config)``);
+    the quantization side tensors (``drop`` suffixes) are left out."""
     from safetensors.torch import load_file
     from transformers import AutoConfig, AutoModelForCausalLM
 
@@ -34,15 +51,30 @@ def float64_reference(model_dir: str) -> torch.nn.Module:
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float64).eval()
     state = {}
     for name, t in tensors.items():
-        if name.endswith(".weight_packed"):
-            prefix = name.removesuffix(".weight_packed")
-            args = layer_args(prefix + ".weight", quant)
-            assert args is not None, name
-            state[prefix + ".weight"] = dequantize(tensors, prefix, args).double()
-        elif not name.endswith(("_scale", "_shape", "_zero_point")):
+        if name.endswith(packed_suffix):
+            prefix = name.removesuffix(packed_suffix)
+            state[prefix + ".weight"] = dequantize_layer(tensors, prefix, quant)
+        elif not name.endswith(drop):
             state[name] = t.double()
     model.load_state_dict(state, strict=True)
     return model
+
+
+def _compressed_layer(
+    tensors: dict[str, torch.Tensor], prefix: str, quant: dict
+) -> torch.Tensor:
+    args = layer_args(prefix + ".weight", quant)
+    assert args is not None, prefix
+    return dequantize(tensors, prefix, args).double()
+
+
+def float64_reference(model_dir: str) -> torch.nn.Module:
+    return _float64_model(
+        model_dir,
+        ".weight_packed",
+        ("_scale", "_shape", "_zero_point"),
+        _compressed_layer,
+    )
 
 
 def post(spec: dict[str, Any], result: dict[str, Any]) -> dict[str, Any]:
@@ -75,25 +107,12 @@ def awq_dequantize_reference(
 
 
 def awq_float64_reference(model_dir: str) -> torch.nn.Module:
-    from safetensors.torch import load_file
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    raw = json.loads((Path(model_dir) / "config.json").read_text())
-    quant = raw.pop("quantization_config")
-    tensors = load_file(str(Path(model_dir) / "model.safetensors"))
-    config = AutoConfig.for_model(**raw)
-    model = AutoModelForCausalLM.from_config(config, dtype=torch.float64).eval()
-    state = {}
-    for name, t in tensors.items():
-        if name.endswith(".qweight"):
-            prefix = name.removesuffix(".qweight")
-            state[prefix + ".weight"] = awq_dequantize_reference(
-                tensors, prefix, quant["group_size"]
-            )
-        elif not name.endswith((".qzeros", ".scales")):
-            state[name] = t.double()
-    model.load_state_dict(state, strict=True)
-    return model
+    return _float64_model(
+        model_dir,
+        ".qweight",
+        (".qzeros", ".scales"),
+        lambda t, p, q: awq_dequantize_reference(t, p, q["group_size"]),
+    )
 
 
 def post_awq(spec: dict[str, Any], result: dict[str, Any]) -> dict[str, Any]:
@@ -134,26 +153,34 @@ def gptq_dequantize_reference(
 
 
 def gptq_float64_reference(model_dir: str) -> torch.nn.Module:
-    from safetensors.torch import load_file
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    raw = json.loads((Path(model_dir) / "config.json").read_text())
-    quant = raw.pop("quantization_config")
-    tensors = load_file(str(Path(model_dir) / "model.safetensors"))
-    config = AutoConfig.for_model(**raw)
-    model = AutoModelForCausalLM.from_config(config, dtype=torch.float64).eval()
-    state = {}
-    for name, t in tensors.items():
-        if name.endswith(".qweight"):
-            prefix = name.removesuffix(".qweight")
-            state[prefix + ".weight"] = gptq_dequantize_reference(
-                tensors, prefix, quant["bits"]
-            )
-        elif not name.endswith((".qzeros", ".scales", ".g_idx")):
-            state[name] = t.double()
-    model.load_state_dict(state, strict=True)
-    return model
+    return _float64_model(
+        model_dir,
+        ".qweight",
+        (".qzeros", ".scales", ".g_idx"),
+        lambda t, p, q: gptq_dequantize_reference(t, p, q["bits"]),
+    )
 
 
 def post_gptq(spec: dict[str, Any], result: dict[str, Any]) -> dict[str, Any]:
     return _post(gptq_float64_reference(spec["model"]), result)
+
+
+def assert_matches_dequantized(run: dict[str, Any], tol: float, misses: int) -> None:
+    """The engine's greedy tokens against the float64 dequantized reference (up to
+    ``misses`` sequences parting at a near-tie) and every logprob within ``tol``."""
+    post = run["post"]
+    rows = list(
+        zip(
+            run["jobs"]["greedy"],
+            post["float64_greedy"]["greedy"],
+            post["float64"]["greedy"],
+            strict=True,
+        )
+    )
+    assert_greedy_matches(rows, misses=misses)
+    diffs = [
+        abs(a - b)
+        for got, _, ref in rows
+        for a, b in zip(got["logprobs"], ref["logprobs"], strict=True)
+    ]
+    assert max(diffs) < tol, max(diffs)
