@@ -8,7 +8,10 @@ through the plugin's GPTQ linear method (runtime patch ``kunlun_gptq_linear_meth
 its activation order runs the portable kernel's permuted-K path. Reference
 (``int4_reference.post_gptq``): transformers' Qwen3 in float64 on the weights
 dequantized bit by bit in the reference. 8-bit, symmetric (vendor path) and
-``desc_act`` false run layer by layer in the unit tests.
+``desc_act`` false run layer by layer in the unit tests. The model has another shape
+than the AWQ and W4A16 tests' tiny Qwen3 (3 layers, hidden 128, 8 query heads of 16
+over 2 KV heads, intermediate 256: four groups per attention input, eight per
+``down_proj``), so the 4-bit path is checked at two geometries.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ import pytest
 from tests.integration.engine_specs import GREEDY_PROMPTS, LLM_ARGS, req, run_spec
 from tests.integration.int4_reference import assert_matches_dequantized
 from vllm_kunlun.demo.tiny_int4 import write_tiny_gptq
+from vllm_kunlun.demo.tiny_model import TinyQwen3Spec
 
 pytestmark = pytest.mark.slow
 
@@ -30,12 +34,20 @@ JOB = {
     "requests": [req(p, TOKENS, logprobs=1) for p in GREEDY_PROMPTS],
 }
 LOGPROB_TOL = 0.05  # float16 activations against float64 (test_e2e_awq.py)
+SHAPE = TinyQwen3Spec(
+    num_hidden_layers=3,
+    hidden_size=128,
+    intermediate_size=256,
+    num_attention_heads=8,
+    num_key_value_heads=2,
+    head_dim=16,
+)
 
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     work: Path = tmp_path_factory.mktemp("e2e-gptq")
-    model = str(write_tiny_gptq(work / "tiny-qwen3-gptq"))
+    model = str(write_tiny_gptq(work / "tiny-qwen3-gptq", spec=SHAPE))
     spec = {
         "backend": "vllm",
         "model": model,

@@ -19,7 +19,10 @@ import json
 import os
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from vllm_kunlun.demo.tiny_model import TinyQwen3Spec
 
 ATTENTION = r"model\.layers\.\d+\.self_attn\.\w+_proj\.weight"
 MLP = r"model\.layers\.\d+\.mlp\.\w+_proj\.weight"
@@ -118,6 +121,7 @@ def _rewrite(
     quantizer: Callable[[dict[str, Any], Any], Quantize],
     quant_config: dict,
     label: str,
+    spec: TinyQwen3Spec | None = None,
 ) -> Path:
     """The tiny Qwen3 written to ``directory`` and quantized in place, the one loop
     every format here shares: ``quantizer(weights, float dtype)`` gives the function
@@ -134,7 +138,8 @@ def _rewrite(
         write_tiny_model,
     )
 
-    out = write_tiny_model(directory)
+    spec = spec or TinyQwen3Spec()
+    out = write_tiny_model(directory, spec)
     (out / MARKER).unlink()  # complete again only once quantized
     config = json.loads((out / "config.json").read_text())
     float_dtype = getattr(torch, dtype)
@@ -156,7 +161,7 @@ def _rewrite(
         out / "config.json",
         (json.dumps(config, indent=2, sort_keys=True) + "\n").encode(),
     )
-    marker = {**TinyQwen3Spec().marker(), "quant": label}
+    marker = {**spec.marker(), "quant": label}
     write_atomic(out / MARKER, (json.dumps(marker, sort_keys=True) + "\n").encode())
     return out
 
@@ -172,8 +177,9 @@ def write_tiny_w4a16(
     directory: str | os.PathLike[str],
     dtype: str = "float32",
     group_size: int = GROUP_SIZE,
+    spec: TinyQwen3Spec | None = None,
 ) -> Path:
-    """The tiny Qwen3 written to ``directory`` and quantized to W4A16 in place; the
+    """The tiny Qwen3 (``spec``: another shape) written to ``directory`` and quantized to W4A16 in place; the
     model dtype (``torch_dtype``) and the scales' dtype are ``dtype``."""
     quant = w4a16_config(group_size)
 
@@ -184,7 +190,9 @@ def write_tiny_w4a16(
 
         return quantize
 
-    return _rewrite(directory, dtype, quantizer, quant, f"w4a16-{dtype}-g{group_size}")
+    return _rewrite(
+        directory, dtype, quantizer, quant, f"w4a16-{dtype}-g{group_size}", spec
+    )
 
 
 # ---- AWQ (AutoAWQ's GEMM checkpoints) ------------------------------------------------
@@ -241,8 +249,9 @@ def write_tiny_awq(
     directory: str | os.PathLike[str],
     dtype: str = "float16",
     group_size: int = GROUP_SIZE,
+    spec: TinyQwen3Spec | None = None,
 ) -> Path:
-    """The tiny Qwen3 written to ``directory`` as an AWQ GEMM checkpoint: every
+    """The tiny Qwen3 (``spec``: another shape) written to ``directory`` as an AWQ GEMM checkpoint: every
     attention and MLP projection 4-bit with zero points per group; the rest float in
     ``dtype`` (vLLM serves AWQ in float16 only)."""
 
@@ -255,7 +264,9 @@ def write_tiny_awq(
         return quantize
 
     config = awq_config(group_size)
-    return _rewrite(directory, dtype, quantizer, config, f"awq-{dtype}-g{group_size}")
+    return _rewrite(
+        directory, dtype, quantizer, config, f"awq-{dtype}-g{group_size}", spec
+    )
 
 
 # ---- GPTQ (GPTQ / AutoGPTQ checkpoints, v1 zero points) -------------------------------
@@ -350,8 +361,9 @@ def write_tiny_gptq(
     desc_act: bool = True,
     sym: bool = False,
     dtype: str = "float16",
+    spec: TinyQwen3Spec | None = None,
 ) -> Path:
-    """The tiny Qwen3 written to ``directory`` as a GPTQ checkpoint: every attention
+    """The tiny Qwen3 (``spec``: another shape) written to ``directory`` as a GPTQ checkpoint: every attention
     and MLP projection quantized by ``gptq_quantize``; the rest float in ``dtype``
     (vLLM serves GPTQ in float16 only)."""
     import re
@@ -385,4 +397,4 @@ def write_tiny_gptq(
 
     config = gptq_config(bits, group_size, desc_act, sym)
     label = f"gptq-{bits}bit-g{group_size}-{'act' if desc_act else 'seq'}-{sym}"
-    return _rewrite(directory, dtype, quantizer, config, label)
+    return _rewrite(directory, dtype, quantizer, config, label, spec)
