@@ -250,6 +250,14 @@ def assert_greedy_equal(run: dict, jobs: list[dict]) -> None:
             assert got["token_ids"] == want["token_ids"], (name, got["text"])
 
 
+def assert_reference_not_degenerate(run: dict, job: str = "greedy") -> None:
+    """The transformers reference of ``job`` says different things for different
+    prompts, several distinct tokens each: an equality with it then means something."""
+    greedy = [tuple(r["token_ids"]) for r in run["hf"][job]]
+    assert len(set(greedy)) == len(greedy), greedy
+    assert all(len(set(t)) >= 4 for t in greedy), greedy
+
+
 def moe_paths(run: dict) -> Counter[str]:
     """Calls per MoE kernel path, summed over the ranks' serving reports."""
     paths: Counter[str] = Counter()

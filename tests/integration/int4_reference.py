@@ -20,14 +20,12 @@ import torch
 try:  # imported by the tests
     from tests.integration.w8a8_reference import (
         assert_greedy_matches,
-        greedy,
-        teacher_forced,
+        reference_rows,
     )
 except ImportError:  # run by e2e_runner, next to it
     from w8a8_reference import (  # type: ignore[no-redef]
         assert_greedy_matches,
-        greedy,
-        teacher_forced,
+        reference_rows,
     )
 from vllm_kunlun.demo.tiny_int4 import dequantize, layer_args
 
@@ -78,7 +76,7 @@ def float64_reference(model_dir: str) -> torch.nn.Module:
 
 
 def post(spec: dict[str, Any], result: dict[str, Any]) -> dict[str, Any]:
-    return _post(float64_reference(spec["model"]), result)
+    return reference_rows(float64_reference(spec["model"]), result)
 
 
 # AutoAWQ's GEMM packing, written out here (independently of the plugin's unpacking):
@@ -116,19 +114,7 @@ def awq_float64_reference(model_dir: str) -> torch.nn.Module:
 
 
 def post_awq(spec: dict[str, Any], result: dict[str, Any]) -> dict[str, Any]:
-    return _post(awq_float64_reference(spec["model"]), result)
-
-
-def _post(ref: torch.nn.Module, result: dict[str, Any]) -> dict[str, Any]:
-    out: dict[str, Any] = {"float64_greedy": {}, "float64": {}}
-    for name, rows in result["jobs"].items():
-        out["float64_greedy"][name] = [
-            greedy(ref, r["prompt_token_ids"], len(r["token_ids"])) for r in rows
-        ]
-        out["float64"][name] = [
-            teacher_forced(ref, r["prompt_token_ids"], r["token_ids"]) for r in rows
-        ]
-    return out
+    return reference_rows(awq_float64_reference(spec["model"]), result)
 
 
 def gptq_unpack_reference(packed: torch.Tensor, bits: int, dim: int) -> torch.Tensor:
@@ -162,7 +148,7 @@ def gptq_float64_reference(model_dir: str) -> torch.nn.Module:
 
 
 def post_gptq(spec: dict[str, Any], result: dict[str, Any]) -> dict[str, Any]:
-    return _post(gptq_float64_reference(spec["model"]), result)
+    return reference_rows(gptq_float64_reference(spec["model"]), result)
 
 
 def assert_matches_dequantized(run: dict[str, Any], tol: float, misses: int) -> None:

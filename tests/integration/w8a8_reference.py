@@ -262,25 +262,15 @@ def post(spec: dict[str, Any], result: dict[str, Any]) -> dict[str, Any]:
     ref = float64_reference(spec["model"])
     ref_ct = float64_reference(spec["model"], compressed_tensors_per_token)
     native = transformers_native(spec["model"])
-    out: dict[str, Any] = {
-        "float64_greedy": {},
-        "float64": {},
-        "float64_127_5": {},
-        "transformers": {},
-    }
-    for name, rows in result["jobs"].items():
-        out["float64_greedy"][name] = [
-            greedy(ref, r["prompt_token_ids"], len(r["token_ids"])) for r in rows
-        ]
-        out["float64"][name] = [
-            teacher_forced(ref, r["prompt_token_ids"], r["token_ids"]) for r in rows
-        ]
-        out["float64_127_5"][name] = [
-            teacher_forced(ref_ct, r["prompt_token_ids"], r["token_ids"]) for r in rows
-        ]
-        out["transformers"][name] = [
-            teacher_forced(native, r["prompt_token_ids"], r["token_ids"]) for r in rows
-        ]
+    out = reference_rows(ref, result)
+    for key, model in (("float64_127_5", ref_ct), ("transformers", native)):
+        out[key] = {
+            name: [
+                teacher_forced(model, r["prompt_token_ids"], r["token_ids"])
+                for r in rows
+            ]
+            for name, rows in result["jobs"].items()
+        }
     return out
 
 
@@ -291,7 +281,13 @@ def post_float64(spec: dict[str, Any], result: dict[str, Any]) -> dict[str, Any]
     ``AutoModelForCausalLM`` builds the text model from, so transformers would load the
     int8 weights as floats and drop every ``weight_scale``."""
     tp = int(spec["llm"].get("tensor_parallel_size", 1))
-    ref = float64_reference(spec["model"], tp=tp)
+    return reference_rows(float64_reference(spec["model"], tp=tp), result)
+
+
+def reference_rows(ref: Any, result: dict[str, Any]) -> dict[str, Any]:
+    """For every engine row of ``result``: ``ref``'s own greedy decoding of the prompt
+    (``float64_greedy``) and ``ref`` teacher-forced on the engine's tokens
+    (``float64``: logprobs and top-2 margins)."""
     out: dict[str, Any] = {"float64_greedy": {}, "float64": {}}
     for name, rows in result["jobs"].items():
         out["float64_greedy"][name] = [
