@@ -27,9 +27,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -39,6 +37,7 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from benchmarks.timing import interleaved_medians  # noqa: E402
 from vllm_kunlun.checks.weights import (  # noqa: E402
     QWEN3_5_27B,
     WeightOnly,
@@ -94,19 +93,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if not all(t.isdigit() and int(t) > 0 for t in _names(args.tokens)):
         parser.error(f"--tokens {args.tokens!r}: expected positive integers")
     return args
-
-
-def medians(
-    fns: dict[str, Callable[[], torch.Tensor]], iters: int, warmup: int
-) -> dict[str, float]:
-    times: dict[str, list[float]] = {name: [] for name in fns}
-    for i in range(warmup + iters):
-        for name, fn in fns.items():
-            start = time.perf_counter()
-            fn()
-            if i >= warmup:
-                times[name].append(time.perf_counter() - start)
-    return {name: statistics.median(t) for name, t in times.items()}
 
 
 def quantize_int4(
@@ -168,7 +154,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         w8 = (wf / w8_scale.unsqueeze(1)).round().clamp(-128, 127).to(torch.int8)
         for m in (int(t) for t in _names(args.tokens)):
             x = torch.randn(m, k, generator=gen).to(dtype)
-            med = medians(
+            med = interleaved_medians(
                 timed(x, w, packed, scales, zeros, w8, w8_scale),
                 args.iters,
                 args.warmup,

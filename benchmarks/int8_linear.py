@@ -25,10 +25,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
-import time
-from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -38,6 +35,7 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from benchmarks.timing import interleaved_medians  # noqa: E402
 from vllm_kunlun.checks.weights import (  # noqa: E402
     QWEN3_5_27B,
     int8_linear_bytes,
@@ -107,24 +105,6 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def time_pair(
-    fns: dict[str, Callable[[], torch.Tensor]],
-    device: torch.device,
-    iters: int,
-    warmup: int,
-) -> dict[str, float]:
-    times: dict[str, list[float]] = {name: [] for name in fns}
-    for i in range(warmup + iters):
-        for name, fn in fns.items():
-            _sync(device)
-            start = time.perf_counter()
-            fn()
-            _sync(device)
-            if i >= warmup:
-                times[name].append(time.perf_counter() - start)
-    return {name: statistics.median(t) for name, t in times.items()}
-
-
 def memory_table() -> dict[str, Any]:
     """Weight bytes per decoder layer, bf16 vs int8 + float32 channel scales."""
     layers = linear_layers(QWEN3_5_27B)
@@ -163,7 +143,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         w_q, w_scale = quantize_weight_rows(w_float)
         for m in (int(t) for t in _names(args.tokens)):
             x = torch.randn(m, k, generator=gen).to(device, dtype)
-            med = time_pair(
+            med = interleaved_medians(
                 {
                     "ours": lambda x=x, w_q=w_q, w_scale=w_scale: portable.int8_linear(
                         x, w_q, w_scale
@@ -172,9 +152,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                         x, w_float
                     ),
                 },
-                device,
                 args.iters,
                 args.warmup,
+                sync=lambda: _sync(device),
             )
             rows.append(
                 {

@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
 import time
 from collections.abc import Callable
@@ -50,6 +49,7 @@ import torch.nn.functional as F
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from benchmarks.timing import interleaved_medians  # noqa: E402
 from vllm_kunlun.ops.moe import portable  # noqa: E402
 
 # Qwen3.5-35B-A3B's MoE layer (its config.json: hidden_size, num_experts,
@@ -169,19 +169,6 @@ def floor_read(w13: torch.Tensor, w2: torch.Tensor, active: list[int]) -> float:
     return total
 
 
-def time_paths(
-    fns: dict[str, Callable[[], torch.Tensor]], rounds: int, warmup: int
-) -> dict[str, float]:
-    times: dict[str, list[float]] = {name: [] for name in fns}
-    for i in range(warmup + rounds):
-        for name, fn in fns.items():
-            start = time.perf_counter()
-            fn()
-            if i >= warmup:
-                times[name].append(time.perf_counter() - start)
-    return {name: statistics.median(t) for name, t in times.items()}
-
-
 def layer(args: argparse.Namespace) -> dict[str, torch.Tensor]:
     """Random weights of one MoE layer and of its dense equivalent, scaled so the
     activations stay of order one."""
@@ -223,7 +210,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "vllm": lambda x=x: vllm_forward(x, w, vlayer),
             "floor": lambda active=active: floor_read(w["w13"], w["w2"], active),
         }
-        med = time_paths(fns, args.rounds, args.warmup)
+        med = interleaved_medians(fns, args.rounds, args.warmup)
         grouped, looped, served = fns["grouped"](), fns["loop"](), fns["vllm"]()
         rows.append(
             {
