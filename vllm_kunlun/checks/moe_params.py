@@ -41,14 +41,13 @@ are replicated on every card.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from vllm_kunlun.checks.config_file import ConfigRangeError, config_dtype, config_int
 from vllm_kunlun.checks.param_tensor import Tensor
-from vllm_kunlun.checks.weights import int8_ignore
+from vllm_kunlun.checks.weights import int8_ignore, matches_module
 
 MOE_TYPES = ("qwen3_5_moe", "qwen3_5_moe_text")
 """``model_type`` of the composite config and of its ``text_config``."""
@@ -236,17 +235,11 @@ def moe_tensors(config: Mapping[str, Any]) -> list[Tensor]:
 
 
 def _ignored(name: str, ignore: list[str]) -> bool:
-    """compressed-tensors' matching (``re:<regex>`` from the start, else the exact
-    name), tried on the checkpoint's name and on the same name without the composite
-    model's ``language_model.`` (vLLM's text-only module names)."""
+    """compressed-tensors' matching, tried on the checkpoint's name and on the same
+    name without the composite model's ``language_model.`` (vLLM's text-only module
+    names)."""
     names = {name, name.replace("model.language_model.", "model.", 1)}
-    for entry in ignore:
-        for n in names:
-            if entry.startswith("re:") and re.match(entry[3:], n):
-                return True
-            if entry == n:
-                return True
-    return False
+    return any(matches_module(n, ignore) for n in names)
 
 
 def estimate_moe_weights(config: Mapping[str, Any]) -> MoeWeights | None:

@@ -176,14 +176,14 @@ class WeightOnly:
 
     def covers(self, name: str) -> bool:
         """Whether the linear module ``name`` is quantized by this scheme."""
-        if _ignored(name, list(self.ignore)) or any(
+        if matches_module(name, list(self.ignore)) or any(
             m in name for m in self.not_converted
         ):
             return False
         return (
             not self.targets
             or "Linear" in self.targets
-            or _ignored(name, list(self.targets))
+            or matches_module(name, list(self.targets))
         )
 
 
@@ -251,15 +251,13 @@ def weight_only_linear_bytes(
     return per_layer * linear.layers
 
 
-def _ignored(name: str, ignore: list[str]) -> bool:
-    """compressed-tensors' matching: ``re:<regex>`` matched from the start, else the
-    exact module name."""
-    for entry in ignore:
-        if entry.startswith("re:") and re.match(entry[3:], name):
-            return True
-        if entry == name:
-            return True
-    return False
+def matches_module(name: str, patterns: list[str]) -> bool:
+    """compressed-tensors' matching (its ``ignore`` and ``targets`` lists):
+    ``re:<regex>`` matched from the start, else the exact module name."""
+    return any(
+        re.match(entry[3:], name) if entry.startswith("re:") else entry == name
+        for entry in patterns
+    )
 
 
 @dataclass(frozen=True)
@@ -302,7 +300,7 @@ def estimate_weights(config: Mapping[str, Any]) -> WeightEstimate | None:
         scheme = next((w for w in schemes if w.covers(name)), None)
         if scheme is not None:
             total += weight_only_linear_bytes(linear, scheme, dtype_bytes)
-        elif ignore is not None and not _ignored(name, ignore):
+        elif ignore is not None and not matches_module(name, ignore):
             total += int8_linear_bytes(linear)
             int8_params += linear.params
         else:

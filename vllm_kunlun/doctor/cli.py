@@ -22,6 +22,37 @@ MAX_SEQS = 1 << 20
 MAX_GIB = 1 << 20
 
 
+# vLLM's integer serving flags the budget reads: flag, bounds, default, help.
+_COUNTS: tuple[tuple[str, int, int, int, str | None], ...] = (
+    ("--tensor-parallel-size", 1, MAX_TP, 1, None),
+    (
+        "--pipeline-parallel-size",
+        1,
+        MAX_PP,
+        1,
+        "pipeline stages (the budget is the busiest stage's, per card)",
+    ),
+    ("--max-num-seqs", 1, MAX_SEQS, 256, None),
+    (
+        "--num-speculative-tokens",
+        0,
+        16,
+        0,
+        "num_speculative_tokens of --speculative-config (MTP): the budget counts "
+        "the extra GDN state blocks, draft KV and sampler rows (default 0: none)",
+    ),
+    (
+        "--max-loras",
+        0,
+        256,
+        0,
+        "vLLM's --max-loras when serving with --enable-lora: the budget counts "
+        "the LoRA slots beside the weights (default 0: LoRA off)",
+    ),
+    ("--max-lora-rank", 1, 512, 16, "vLLM's --max-lora-rank (default 16, vLLM's)"),
+)
+
+
 def add_parser(sub: Any) -> None:
     p = sub.add_parser(
         "doctor",
@@ -30,40 +61,14 @@ def add_parser(sub: Any) -> None:
         "check fails. See docs/doctor.md.",
     )
     p.add_argument("--model", help="model directory (or Hub id) the engine will load")
-    p.add_argument("--tensor-parallel-size", type=int_range(1, MAX_TP), default=1)
-    p.add_argument(
-        "--pipeline-parallel-size",
-        type=int_range(1, MAX_PP),
-        default=1,
-        help="pipeline stages (the budget is the busiest stage's, per card)",
-    )
+    for flag, low, high, default, text in _COUNTS:
+        p.add_argument(flag, type=int_range(low, high), default=default, help=text)
     p.add_argument(
         "--distributed-executor-backend",
         choices=("mp", "ray", "uni", "external_launcher"),
         help="as vLLM's flag; ray (or RAY_ADDRESS set) runs the ray check",
     )
-    p.add_argument("--max-num-seqs", type=int_range(1, MAX_SEQS), default=256)
     p.add_argument("--gpu-memory-utilization", type=fraction, default=0.9)
-    p.add_argument(
-        "--num-speculative-tokens",
-        type=int_range(0, 16),
-        default=0,
-        help="num_speculative_tokens of --speculative-config (MTP): the budget counts "
-        "the extra GDN state blocks, draft KV and sampler rows (default 0: none)",
-    )
-    p.add_argument(
-        "--max-loras",
-        type=int_range(0, 256),
-        default=0,
-        help="vLLM's --max-loras when serving with --enable-lora: the budget counts "
-        "the LoRA slots beside the weights (default 0: LoRA off)",
-    )
-    p.add_argument(
-        "--max-lora-rank",
-        type=int_range(1, 512),
-        default=16,
-        help="vLLM's --max-lora-rank (default 16, vLLM's)",
-    )
     for flag, state, auto in (
         ("--mamba-cache-dtype", "conv", "the model dtype"),
         (

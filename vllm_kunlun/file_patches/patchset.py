@@ -235,6 +235,12 @@ def parse_patch(text: str, source: Path) -> Patch:
     )
 
 
+def _require(value: object, kind: type, what: str, source: Path) -> None:
+    """Refuse a manifest field of the wrong JSON type, naming the type it has."""
+    if not isinstance(value, kind):
+        raise _bad(source, f"{what}, got a {type(value).__name__}: {value!r}")
+
+
 def _check_manifest(
     raw: object, source: Path
 ) -> tuple[str, str, str, list[str], dict[str, FileDigest]]:
@@ -250,34 +256,19 @@ def _check_manifest(
         if not isinstance(raw[key], str) or not raw[key]:
             raise _bad(source, f"'{key}' must be a non-empty string, got {raw[key]!r}")
     names = raw["patches"]
-    if not isinstance(names, list):
-        raise _bad(
-            source,
-            f"'patches' must be a list of patch file names, got a "
-            f"{type(names).__name__}: {names!r}",
-        )
+    _require(names, list, "'patches' must be a list of patch file names", source)
     if not names:
         raise _bad(source, "'patches' is empty: a patch set has at least one patch")
     for entry in names:
-        if not isinstance(entry, str) or not entry:
-            raise _bad(
-                source,
-                f"'patches' entries must be file names, got a "
-                f"{type(entry).__name__}: {entry!r}",
-            )
-        if "/" in entry or "\\" in entry or entry in (".", ".."):
+        _require(entry, str, "'patches' entries must be file names", source)
+        if not entry or "/" in entry or "\\" in entry or entry in (".", ".."):
             raise _bad(
                 source,
                 f"'patches' entry {entry!r} is not a plain file name in the set "
                 "directory",
             )
     digests = raw["files"]
-    if not isinstance(digests, dict):
-        raise _bad(
-            source,
-            f"'files' must map each target to {{before, after}}, got a "
-            f"{type(digests).__name__}",
-        )
+    _require(digests, dict, "'files' must map each target to {before, after}", source)
     files: dict[str, FileDigest] = {}
     for target, digest in digests.items():
         if not (
