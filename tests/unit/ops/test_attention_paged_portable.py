@@ -357,3 +357,57 @@ def test_window_views_are_planned_once_per_step_and_window() -> None:
     assert group.view(4) is not group.view(5)
     # A window as long as the longest sequence needs no view of its own.
     assert group.view(group.max_seq_len).mask is group.mask
+
+
+LAYER_FEATURES = [
+    {"sliding_window": 3},
+    {"logits_soft_cap": 1.5},
+    {"sinks": torch.linspace(-1.0, 2.0, 4)},
+    {"sliding_window": 5, "logits_soft_cap": 2.0, "sinks": torch.ones(4)},
+]
+
+
+@pytest.mark.parametrize("features", LAYER_FEATURES)
+def test_the_backend_layer_hands_its_window_cap_and_sinks_to_the_kernel(
+    features: dict,
+) -> None:
+    """vLLM builds each layer's impl with its window, cap and sinks, then calls
+    ``forward``: a layer that dropped one on the way to the kernel would attend like
+    full attention here (the check against plain attention below proves it would show)."""
+    from vllm_kunlun.ops.attention.backend import (
+        PortableAttentionImpl,
+        PortableAttentionMetadata,
+    )
+
+    batch = make_batch(*WINDOW_BATCH, seed=11)
+    scale = 16**-0.5
+    layer = PortableAttentionImpl(4, 16, scale, 2, **features)
+    meta = PortableAttentionMetadata(
+        num_actual_tokens=batch.plan.num_actual_tokens,
+        max_query_len=0,
+        max_seq_len=0,
+        query_start_loc=torch.zeros(0),
+        seq_lens=torch.zeros(0),
+        block_table=torch.zeros(0),
+        slot_mapping=batch.plan.slot_mapping,
+        plan=batch.plan,
+    )
+    output = torch.full_like(batch.query, float("nan"))
+    layer.forward(
+        None,  # type: ignore[arg-type]
+        batch.query,
+        batch.key,
+        batch.value,
+        batch.kv_cache,
+        meta,
+        output=output,
+    )
+    expected = naive_attention(
+        batch,
+        scale,
+        soft_cap=features.get("logits_soft_cap"),
+        window=features.get("sliding_window"),
+        sinks=features.get("sinks"),
+    )
+    torch.testing.assert_close(output.double(), expected, atol=1e-5, rtol=1e-5)
+    assert not torch.allclose(expected, naive_attention(batch, scale), atol=1e-3)
