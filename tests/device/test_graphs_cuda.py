@@ -21,8 +21,7 @@ from typing import Any
 
 import pytest
 
-from tests.device.test_e2e_kunlun_cuda import KUNLUN_ON_CUDA
-from tests.device.test_e2e_kunlun_cuda import pytestmark as pytestmark  # same needs
+from tests.device.cuda_stack import CUDA_STACK, KUNLUN_ON_CUDA
 from tests.integration.engine_specs import (
     _WORDS,
     GREEDY_JOBS,
@@ -31,6 +30,8 @@ from tests.integration.engine_specs import (
     run_spec,
 )
 from vllm_kunlun.demo.tiny_model import write_tiny_model
+
+pytestmark = CUDA_STACK  # a CUDA device and the validated stack
 
 WIDE = {
     "name": "wide",
