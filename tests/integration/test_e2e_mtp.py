@@ -90,7 +90,9 @@ def test_greedy_with_mtp_matches_transformers_token_for_token(
 
 def test_the_shapes_were_exercised(run: dict) -> None:
     greedy = run["jobs"]["greedy"]
-    assert len(greedy[2]["prompt_token_ids"]) > TOKEN_BUDGET  # chunked prefill
+    # chunked prefill: drafts proposed mid-prompt would corrupt the GDN state (found
+    # here; kunlun_chunked_prefill_drafts drops them)
+    assert len(greedy[2]["prompt_token_ids"]) > TOKEN_BUDGET
     assert len(run["jobs"]["one_token"][0]["prompt_token_ids"]) == 1
     assert len(run["jobs"]["one_token_behind_long"][1]["prompt_token_ids"]) == 1
     # The reference is not degenerate.
