@@ -13,12 +13,11 @@ picks the Kunlun attention backend on them: the vendor seam runs on a real devic
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
 import pytest
-import torch
 
+from tests.device.cuda_stack import CUDA_STACK, KUNLUN_ON_CUDA
 from tests.integration.engine_specs import (
     GREEDY_JOBS,
     LLM_ARGS,
@@ -26,20 +25,7 @@ from tests.integration.engine_specs import (
 )
 from vllm_kunlun.demo.tiny_model import write_tiny_model
 
-pytestmark = [
-    pytest.mark.device,
-    pytest.mark.slow,
-    pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device"),
-    pytest.mark.skipif(
-        importlib.util.find_spec("vllm") is None, reason="vllm is not installed"
-    ),
-    pytest.mark.skipif(
-        not torch.__version__.startswith("2.5."),
-        reason=f"vllm 0.15.1 is validated on torch 2.5.1, not {torch.__version__}",
-    ),
-]
-
-KUNLUN_ON_CUDA = {"FAKE_XMLIR_DEVICES": "1", "VLLM_LOGGING_LEVEL": "INFO"}
+pytestmark = CUDA_STACK
 
 
 @pytest.mark.parametrize("backend", ["TRITON_ATTN", "CUSTOM", None])

@@ -21,21 +21,23 @@ from typing import Any
 
 import pytest
 
-from tests.device.test_e2e_kunlun_cuda import KUNLUN_ON_CUDA
-from tests.device.test_e2e_kunlun_cuda import pytestmark as pytestmark  # same needs
+from tests.device.cuda_stack import CUDA_STACK, KUNLUN_ON_CUDA
 from tests.integration.engine_specs import (
-    _WORDS,
     GREEDY_JOBS,
     LLM_ARGS,
     req,
     run_spec,
 )
-from vllm_kunlun.demo.tiny_model import write_tiny_model
+from vllm_kunlun.demo.tiny_model import vocabulary, write_tiny_model
+
+pytestmark = CUDA_STACK  # a CUDA device and the validated stack
+
+WORDS = [w for w in vocabulary() if w.isalpha()]  # the tiny model's whole words
 
 WIDE = {
     "name": "wide",
     "requests": [
-        req(" ".join(_WORDS[(3 * i + j) % len(_WORDS)] for j in range(6)), 24)
+        req(" ".join(WORDS[(3 * i + j) % len(WORDS)] for j in range(6)), 24)
         for i in range(37)
     ],
 }

@@ -19,14 +19,14 @@ from typing import Any
 import pytest
 import torch
 
-from tests.device import test_e2e_kunlun_cuda
+from tests.device.cuda_stack import CUDA_STACK
 from tests.integration.engine_specs import run_spec
 from tests.integration.hybrid_jobs import GREEDY_JOBS, LLM_ARGS
 from vllm_kunlun.demo.tiny_model import write_tiny_model
 from vllm_kunlun.demo.tiny_qwen3_5 import TinyQwen3_5Spec
 
 # The e2e device test's conditions: a CUDA device, vLLM 0.15.1 on torch 2.5.1.
-pytestmark = test_e2e_kunlun_cuda.pytestmark
+pytestmark = CUDA_STACK
 DEVICE = torch.device("cuda", 0)
 TOL = 2e-3  # Triton dots may run in TF32
 

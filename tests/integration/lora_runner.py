@@ -1,7 +1,8 @@
 """Serve hand-written LoRA adapters through vLLM's engine and transformers; JSON out.
 
-Used by test_e2e_lora.py as ``python lora_runner.py SPEC.json OUT.json`` in a fresh
-interpreter (an engine crash cannot take pytest down). Spec: {"model": DIR,
+Run by lora_runs.py (for test_e2e_lora.py and test_e2e_lora_hybrid.py) as ``python
+lora_runner.py SPEC.json OUT.json`` in a fresh interpreter (an engine crash cannot take
+pytest down). Spec: {"model": DIR,
 "llm": {LLM kwargs}, "adapters": {name: {"path": DIR, "id": int}}, "requests":
 [{"prompt": str, "adapter": name | null}], "max_tokens": int, "bad": [{"name": str,
 "path": DIR, "id": int}], "hf": bool}. The engine generates the mixed batch greedily

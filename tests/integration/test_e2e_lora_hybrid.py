@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from tests.integration.test_e2e_lora import run_lora
+from tests.integration.lora_runs import run_lora
 from vllm_kunlun.checks.lora_budget import lora_slot_bytes
 from vllm_kunlun.demo.lora_adapters import ATTENTION, MLP, write_adapter
 from vllm_kunlun.demo.tiny_model import vocabulary, write_tiny_model

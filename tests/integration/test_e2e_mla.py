@@ -22,7 +22,7 @@ behind a long one, mixed prefill / decode batches.
   drafts per step: greedy still transformers' (the target alone), drafts proposed and
   some accepted by vLLM's counters, seeded sampling through the rejection sampler on
   the plugin's kernels (no ``exponential_``), seeded requests reproducible in another
-  batch (kunlun_hybrid_prefill_drafts, on every model).
+  batch (kunlun_chunked_prefill_drafts, on every model).
 - ``deepseek_v3_w8a8``: V3 as a W8A8-INT8 compressed-tensors checkpoint (MLA
   projections, dense and shared MLPs, routed experts int8; ``kv_b_proj``, the router and
   lm_head float): greedy tokens and logprobs equal to a float64 reference with the same
@@ -254,7 +254,7 @@ def test_mtp_rejection_on_the_plugins_sampler(deepseek_v3_mtp: dict) -> None:
 def test_mtp_seeded_sampling_reproducible_in_any_batch(deepseek_v3_mtp: dict) -> None:
     # The long prompt is a prefix-cache hit in both batches but chunked differently
     # (behind a 30-token prompt in B), the short one shares steps with other company:
-    # without kunlun_hybrid_prefill_drafts (on every model) a request whose prefill
+    # without kunlun_chunked_prefill_drafts (on every model) a request whose prefill
     # chunk was not its last got drafts verified after its prompt, drawing its
     # generator a chunking-dependent number of times (found here).
     a, b = deepseek_v3_mtp["jobs"]["seeded_a"], deepseek_v3_mtp["jobs"]["seeded_b"]

@@ -9,7 +9,7 @@ across N and to decoding without speculation), with chunked prefill (32-token bu
 accepted) and English ones (drafts mostly rejected: the state of the last accepted
 token is what the next step starts from); seeded sampling reproducible in any batch;
 acceptance from vLLM's own spec-decode counters. Configuration checks (method names,
-prefix caching refused) build engine configs only.
+prefix caching and other speculative methods refused) build engine configs only.
 """
 
 from __future__ import annotations
@@ -90,7 +90,9 @@ def test_greedy_with_mtp_matches_transformers_token_for_token(
 
 def test_the_shapes_were_exercised(run: dict) -> None:
     greedy = run["jobs"]["greedy"]
-    assert len(greedy[2]["prompt_token_ids"]) > TOKEN_BUDGET  # chunked prefill
+    # chunked prefill: drafts proposed mid-prompt would corrupt the GDN state (found
+    # here; kunlun_chunked_prefill_drafts drops them)
+    assert len(greedy[2]["prompt_token_ids"]) > TOKEN_BUDGET
     assert len(run["jobs"]["one_token"][0]["prompt_token_ids"]) == 1
     assert len(run["jobs"]["one_token_behind_long"][1]["prompt_token_ids"]) == 1
     # The reference is not degenerate.
@@ -175,6 +177,11 @@ def configs(model_dir: str) -> dict[str, Any]:
             {"method": "mtp", "num_speculative_tokens": 1},
             {"enable_prefix_caching": True},
         ),
+        (
+            "ngram",
+            {"method": "ngram", "num_speculative_tokens": 1, "prompt_lookup_max": 2},
+            {},
+        ),
     ]
     code = f"MODEL = {model_dir!r}\nCASES = {cases!r}\n" + CONFIG_PROBE
     proc = run_python(code, env={"VLLM_LOGGING_LEVEL": "WARNING"}, timeout=300)
@@ -199,3 +206,13 @@ def test_method_names_users_try(configs: dict[str, Any]) -> None:
 def test_prefix_caching_with_mtp_is_refused(configs: dict[str, Any]) -> None:
     error = configs["prefix_caching"]["error"]
     assert "prefix caching" in error and "--no-enable-prefix-caching" in error, error
+
+
+def test_another_speculative_method_is_refused_at_engine_start(
+    configs: dict[str, Any],
+) -> None:
+    # guards/qwen3_5_deployment.py, from the platform's engine-start guards: refused
+    # while the engine config is built, before any engine process starts.
+    error = configs["ngram"]["error"]
+    assert "speculative method 'ngram' on Qwen3.5" in error, error
+    assert '{"method": "mtp", "num_speculative_tokens": N}' in error, error

@@ -15,6 +15,8 @@ hour later with a traceback.
 - Pipeline partition: a ``VLLM_PP_LAYER_PARTITION`` with a stage of no (or negative)
   layers, the wrong number of stages or the wrong total raises ``PipelinePartitionError``
   naming the value and a valid one (vLLM alone fails in the loader or an assertion).
+- Qwen3.5 deployments the plugin's models do not serve (``qwen3_5_deployment.py``):
+  ``ValueError`` naming the cause and the fix.
 These run from ``KunlunPlatform.check_and_update_config`` (``check_engine_config``);
 host emulation runs the stack and model-dimension guards (``config_range_guard``).
 The model path is guarded by a runtime patch (``guards/model_path.py``).
@@ -44,6 +46,7 @@ from vllm_kunlun.checks.model_shape import (
 )
 from vllm_kunlun.checks.pp_partition import pp_partition_problem
 from vllm_kunlun.checks.stack import stack_status
+from vllm_kunlun.guards.qwen3_5_deployment import qwen3_5_deployment_guard
 from vllm_kunlun.logger import init_logger
 from vllm_kunlun.versions import installed_version
 
@@ -190,6 +193,7 @@ def check_engine_config(vllm_config: VllmConfig, *, budget: bool = True) -> None
     stack_guard()
     config_range_guard(vllm_config)
     pp_partition_guard(vllm_config)
+    qwen3_5_deployment_guard(vllm_config)
     if not budget:
         return
     try:

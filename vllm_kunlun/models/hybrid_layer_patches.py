@@ -1,12 +1,14 @@
 """Named runtime patches that let vLLM 0.15.1 run hybrid (Gated DeltaNet) models here:
-fixes of vLLM's hybrid-model bookkeeping (state slots, prefix-cache blocks, drafts). The
+fixes of vLLM's hybrid-model bookkeeping (state slots, prefix-cache blocks). The
 patches that route vLLM's GDN kernels and its state-block copy to the plugin's kernels
-are in ``vllm_kunlun/ops/gdn/patches.py``.
+are in ``vllm_kunlun/ops/gdn/patches.py``; the one that drops the drafts of a request
+still prefilling in chunks (which would corrupt the GDN state too) serves every model
+and is in ``vllm_kunlun/platforms/chunked_prefill_drafts.py``.
 
 Applied in ``Phase.HYBRID_MODEL`` (``patching.phases.apply_phase`` through
 ``RUNTIME_PATCHES``) from the Qwen3.5 and Qwen3-Next models' constructors, i.e. in the
-process that runs the model (engine core or worker), whatever ``VLLM_PLUGINS`` says
-(``kunlun_hybrid_prefill_drafts`` in every model process too, see below); idempotent.
+process that runs the model (engine core or worker), whatever ``VLLM_PLUGINS`` says;
+idempotent.
 Each patch keeps the original, checks that the upstream object is the one it was written
 for (``PatchMismatch`` names what differs), and reverts.
 
@@ -36,29 +38,6 @@ for (``PatchMismatch`` names what differs), and reverts.
   engine core loads the general plugins first thing) and, whatever ``VLLM_PLUGINS``
   says, in a model process (``Phase.MODEL_PROCESS``: the engine core itself at TP 1).
   Removal: when vLLM commits mamba blocks only once their state is written.
-
-* ``kunlun_hybrid_prefill_drafts`` -- ``vllm.v1.worker.gpu_model_runner.GPUModelRunner.
-  take_draft_token_ids`` (the CPU and emulation runners inherit it).
-  Why: the drafter proposes tokens for every request of a step, also for one whose
-  prefill chunk was not its last (its sampled token is discarded); the scheduler then
-  schedules the rest of the prompt followed by those drafts. The runner sends such a
-  request down the prefill path (it is not decoding yet), whose Gated DeltaNet state
-  absorbs the draft tokens whether or not they are accepted, and writes only the
-  first of the request's speculative state slots: the next steps decode from a wrong
-  state (found by tests/integration/test_e2e_mtp.py: greedy output diverged from
-  transformers after a chunked prefill with MTP).
-  On every model (DeepSeek MTP too) those drafts are verified after the prompt when
-  they fit the token budget, so a seeded request's generator is drawn a number of
-  times that depends on how its prompt was chunked (prefix-cache hits, the other
-  requests): the same seed drew other tokens in another batch (found by
-  tests/integration/test_e2e_mla.py). The drafts themselves came from a mid-prompt
-  state and predict prompt positions, not what follows the prompt.
-  How: drafts of requests whose sampled token was discarded this step (vLLM's
-  ``discard_request_mask``) are dropped, on every model: the prompt finishes alone and
-  drafting starts at the first decode. Applied by the hybrid models' constructors and
-  in every model process (``Phase.MODEL_PROCESS``).
-  Removal: when vLLM drafts only for requests that sampled a token.
-
 """
 
 from __future__ import annotations
@@ -245,60 +224,9 @@ CACHE_PATCH = AttributePatch(
 
 # ---- applying -----------------------------------------------------------------------------
 
-# ---- kunlun_hybrid_prefill_drafts -----------------------------------------------------
-
-GPU_RUNNER = "vllm.v1.worker.gpu_model_runner"
-
-
-def _check_drafts(module: ModuleType, original: Any) -> str | None:
-    return (
-        expect_params(original, "GPUModelRunner.take_draft_token_ids", ("self",))
-        or expect_caller(
-            module, "GPUModelRunner._prepare_inputs", "discard_request_mask"
-        )
-        or expect_caller(
-            module, "GPUModelRunner._get_draft_token_ids_cpu", "draft_token_ids_cpu"
-        )
-    )
-
-
-def without_prefill_drafts(drafts: Any, discarded: Any) -> Any:
-    """``drafts`` (vLLM's ``DraftTokenIds``) with no tokens for the requests whose
-    sampled token was discarded (a prefill chunk that is not the last)."""
-    from vllm.v1.outputs import DraftTokenIds
-
-    rows = [
-        [] if bool(discarded[i]) else list(ids)
-        for i, ids in enumerate(drafts.draft_token_ids)
-    ]
-    return DraftTokenIds(list(drafts.req_ids), rows)
-
-
-def _make_drafts(original: Any) -> Any:
-    @functools.wraps(original)
-    def take_draft_token_ids(self: Any) -> Any:
-        drafts = original(self)
-        if drafts is None:
-            return drafts
-        discarded = self.discard_request_mask.np[: len(drafts.req_ids)]
-        return without_prefill_drafts(drafts, discarded)
-
-    return take_draft_token_ids
-
-
-PREFILL_DRAFTS = "kunlun_hybrid_prefill_drafts"
-DRAFTS_PATCH = AttributePatch(
-    PREFILL_DRAFTS,
-    GPU_RUNNER,
-    "GPUModelRunner.take_draft_token_ids",
-    _make_drafts,
-    _check_drafts,
-)
-
 PATCH_GROUPS: dict[str, tuple[AttributePatch, ...]] = {
     NEW_REQUEST_STATE: (BUILDER_PATCH,),
     MAMBA_CACHE: (CACHE_PATCH,),
-    PREFILL_DRAFTS: (DRAFTS_PATCH,),
 }
 
 

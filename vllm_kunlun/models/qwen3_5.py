@@ -90,7 +90,7 @@ from vllm.sequence import IntermediateTensors
 from vllm.v1.kv_cache_interface import KVCacheSpec, MambaSpec
 
 from vllm_kunlun.logger import init_logger
-from vllm_kunlun.models.qwen3_5_config import num_spec, refuse_unsupported, text_config
+from vllm_kunlun.models.qwen3_5_config import num_spec, text_config
 from vllm_kunlun.ops.gdn.state_dtype import gdn_state_dtypes_for
 
 if TYPE_CHECKING:
@@ -563,7 +563,8 @@ class Qwen3_5ForCausalLM(
 
     def __init__(self, *, vllm_config: VllmConfig, prefix: str = "") -> None:
         super().__init__()
-        refuse_unsupported(vllm_config, self.moe)
+        # The deployments this class does not serve were refused at engine start
+        # (guards/qwen3_5_deployment.py).
         from vllm_kunlun.patching.phases import Phase, apply_phase
 
         # The GDN kernels and the hybrid-state fixes must be in place in the process

@@ -236,8 +236,8 @@ REGISTRY: tuple[RuntimePatch, ...] = (
         "a vLLM that treats zero-context requests as prefills in GDN metadata",
     ),
     RuntimePatch(
-        "kunlun_hybrid_prefill_drafts",
-        "vllm_kunlun.models.hybrid_layer_patches",
+        "kunlun_chunked_prefill_drafts",
+        "vllm_kunlun.platforms.chunked_prefill_drafts",
         ("vllm.v1.worker.gpu_model_runner.GPUModelRunner.take_draft_token_ids",),
         "speculative drafts of a request whose prefill chunk was not its last are "
         "scheduled after its remaining prompt; the hybrid prefill path folds them "

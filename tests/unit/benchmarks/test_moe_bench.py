@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from tests.bench_module import load_benchmark
-from tests.unit.benchmarks.test_plots import (
+from tests.unit.benchmarks.plot_tables import (
     assert_table_matches,
     cells,
     check_png,

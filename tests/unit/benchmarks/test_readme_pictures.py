@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from tests.conftest import REPO, load_benchmark
-from tests.unit.benchmarks.test_plots import first_table, same_value
+from tests.unit.benchmarks.plot_tables import first_table, same_value
 
 
 def readme_table(after: str) -> list[list[str]]:

@@ -16,43 +16,19 @@ from pathlib import Path
 
 import pytest
 
+from tests.unit.checks.hybrid_budget_cases import (
+    FLAT,
+    GIB,
+    NESTED,
+    P800,
+    TEXT,
+    check_budget,
+    write_model_dir,
+)
 from vllm_kunlun.checks.budget import check_kv_budget
 from vllm_kunlun.checks.config_file import ConfigRangeError
 from vllm_kunlun.checks.finding import Context
 from vllm_kunlun.checks.model_shape import ModelShape, check_config_ranges
-
-GIB = 1 << 30
-P800 = 96 * GIB  # 103.1 GB
-
-# A 27B hybrid in the style of the log's model: 64 layers, 3 linear-attention (GDN)
-# layers per full-attention layer -> 48 GDN + 16 attention layers.
-TEXT = {
-    "model_type": "qwen3_5_text",
-    "vocab_size": 151936,
-    "hidden_size": 5120,
-    "num_hidden_layers": 64,
-    "num_attention_heads": 24,
-    "num_key_value_heads": 4,
-    "head_dim": 256,
-    "linear_conv_kernel_dim": 4,
-    "linear_key_head_dim": 128,
-    "linear_value_head_dim": 128,
-    "linear_num_key_heads": 16,
-    "linear_num_value_heads": 48,
-    "dtype": "bfloat16",
-}
-LAYER_TYPES = (["linear_attention"] * 3 + ["full_attention"]) * 16
-FLAT = {
-    "architectures": ["Qwen3NextForCausalLM"],
-    **TEXT,
-    "model_type": "qwen3_next",
-    "layer_types": LAYER_TYPES,
-}
-NESTED = {
-    "architectures": ["Qwen3_5ForConditionalGeneration"],
-    "model_type": "qwen3_5",
-    "text_config": TEXT,
-}  # no layer_types: transformers' default interval of 4
 
 # Per GDN layer and sequence at TP 8 (vLLM gated_delta_net_state_shape):
 #   conv      (4 - 1) x (2*16*128 + 48*128) / 8 = 3 x 1280 = 3840 elements
@@ -67,23 +43,6 @@ FP32_PAGE_TP8, BF16_PAGE_TP8 = 409_600, 212_992
 FP32_STATE_256 = 256 * 48 * FP32_PAGE_TP8  # 5_033_164_800 B = 4.6875 GiB -> "4.69 GiB"
 # logits + probabilities, float32 (the device sampler makes no noise or sorted copy)
 SAMPLER_256 = 2 * 256 * 151936 * 4  # 311_164_928 B = 0.29 GiB
-
-
-def _model_dir(
-    tmp_path: Path, config: dict, weights_bytes: int = 28_000_000_000
-) -> str:
-    d = tmp_path / "models" / "Qwen3.8-27B-W8A8-INT8-Dynamic"
-    d.mkdir(parents=True)
-    (d / "config.json").write_text(json.dumps(config))
-    if weights_bytes:
-        with open(d / "model.safetensors", "wb") as f:  # sparse: no disk used
-            f.truncate(weights_bytes)
-    return str(d)
-
-
-def _check(model: str, **kw: object):
-    ctx = Context(model=model, device_memory_bytes=P800, **kw)  # type: ignore[arg-type]
-    return check_kv_budget(ctx)
 
 
 def test_shape_reads_both_config_styles() -> None:
@@ -127,8 +86,8 @@ def test_the_logs_oom_at_0_9_and_the_largest_safe_utilization(tmp_path: Path) ->
     needed: 4.6875 state + 0.29 sampler + 6.00 reserve = 10.98 GiB  -> warn
     largest safe: floor((96 - 10.9773) / 96, 0.01) = floor(0.8857) = 0.88
     """
-    model = _model_dir(tmp_path, FLAT)
-    f = _check(
+    model = write_model_dir(tmp_path, FLAT)
+    f = check_budget(
         model,
         tensor_parallel_size=8,
         max_num_seqs=256,
@@ -153,8 +112,8 @@ def test_the_logs_oom_at_0_9_and_the_largest_safe_utilization(tmp_path: Path) ->
 
 
 def test_0_75_worked_in_the_log(tmp_path: Path) -> None:
-    model = _model_dir(tmp_path, FLAT)
-    f = _check(
+    model = write_model_dir(tmp_path, FLAT)
+    f = check_budget(
         model,
         tensor_parallel_size=8,
         max_num_seqs=256,
@@ -167,8 +126,8 @@ def test_0_75_worked_in_the_log(tmp_path: Path) -> None:
 
 def test_bf16_state_pads_to_a_smaller_block(tmp_path: Path) -> None:
     # 256 x 48 x 212992 B = 2.44 GiB state + 6.29 headroom = 8.73 GiB <= 9.60: fits
-    model = _model_dir(tmp_path, NESTED)
-    f = _check(model, tensor_parallel_size=8, max_num_seqs=256)
+    model = write_model_dir(tmp_path, NESTED)
+    f = check_budget(model, tensor_parallel_size=8, max_num_seqs=256)
     assert f.details["state_bytes"] == 256 * 48 * BF16_PAGE_TP8
     assert f.status == "ok", f
 
@@ -204,10 +163,10 @@ def test_bf16_state_pads_to_a_smaller_block(tmp_path: Path) -> None:
 def test_out_of_range_config_values_are_named(
     tmp_path: Path, key: str, value: object, words: str
 ) -> None:
-    model = _model_dir(
+    model = write_model_dir(
         tmp_path, {**NESTED, "text_config": {**TEXT, key: value}}, weights_bytes=0
     )
-    f = _check(model, tensor_parallel_size=8)
+    f = check_budget(model, tensor_parallel_size=8)
     assert f.status == "fail" and words in f.cause, f
     assert "config.json" in f.fix
 
@@ -234,8 +193,8 @@ def test_engine_range_check_bounds_what_a_config_sets_and_requires_nothing() -> 
 
 def test_nothing_fits_at_any_utilization(tmp_path: Path) -> None:
     # TP 1: 48 x (3 x 10240 + 48 x 16384) x 4 B x 1024 seqs = 150 GiB of state alone
-    model = _model_dir(tmp_path, FLAT)
-    f = _check(model, max_num_seqs=1024, mamba_cache_dtype="float32")
+    model = write_model_dir(tmp_path, FLAT)
+    f = check_budget(model, max_num_seqs=1024, mamba_cache_dtype="float32")
     assert f.status == "fail"
     assert "at any --gpu-memory-utilization" in f.cause
     assert "--tensor-parallel-size" in f.fix
@@ -243,15 +202,15 @@ def test_nothing_fits_at_any_utilization(tmp_path: Path) -> None:
 
 def test_weights_fill_the_budget(tmp_path: Path) -> None:
     # 26.08 GiB of weights > 0.2 x 96 GiB = 19.2 GiB
-    model = _model_dir(tmp_path, FLAT)
-    f = _check(model, max_num_seqs=1, gpu_memory_utilization=0.2)
+    model = write_model_dir(tmp_path, FLAT)
+    f = check_budget(model, max_num_seqs=1, gpu_memory_utilization=0.2)
     assert f.status == "fail" and "no room for a KV cache" in f.cause
 
 
 def test_dense_model_has_no_state(tmp_path: Path) -> None:
     dense = {k: v for k, v in TEXT.items() if not k.startswith("linear_")}
-    model = _model_dir(tmp_path, {**dense, "model_type": "qwen3"}, weights_bytes=0)
-    f = _check(model, tensor_parallel_size=8)
+    model = write_model_dir(tmp_path, {**dense, "model_type": "qwen3"}, weights_bytes=0)
+    f = check_budget(model, tensor_parallel_size=8)
     assert f.status == "ok", f
     assert f.details["state_bytes"] == 0 and f.details["linear_attention_layers"] == 0
     assert any("unknown (no weight files)" in line for line in f.details["arithmetic"])
@@ -259,11 +218,11 @@ def test_dense_model_has_no_state(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("model", [None, "Qwen/Qwen3-8B"])
 def test_skipped_without_a_local_config(model: str | None) -> None:
-    assert _check(model).status == "skip"  # type: ignore[arg-type]
+    assert check_budget(model).status == "skip"  # type: ignore[arg-type]
 
 
 def test_relative_model_resolved_against_cwd(tmp_path: Path) -> None:
-    model = _model_dir(tmp_path, FLAT)
+    model = write_model_dir(tmp_path, FLAT)
     rel = os.path.relpath(model, tmp_path)
     f = check_kv_budget(Context(model=rel, cwd=str(tmp_path), device_memory_bytes=P800))
     assert f.status in ("ok", "warn") and f.details["linear_attention_layers"] == 48
@@ -281,22 +240,24 @@ def test_missing_fields_are_named_not_a_crash(
     tmp_path: Path, drop: str, words: str
 ) -> None:
     text = {k: v for k, v in TEXT.items() if k != drop}
-    model = _model_dir(tmp_path, {**NESTED, "text_config": text}, weights_bytes=0)
-    f = _check(model, tensor_parallel_size=8)
+    model = write_model_dir(tmp_path, {**NESTED, "text_config": text}, weights_bytes=0)
+    f = check_budget(model, tensor_parallel_size=8)
     assert f.status == "fail" and f.cause == f"config.json: {words}", f
     assert "traceback" not in f.details
 
 
 def test_text_config_that_is_not_an_object(tmp_path: Path) -> None:
-    model = _model_dir(tmp_path, {**NESTED, "text_config": "qwen"}, weights_bytes=0)
-    f = _check(model)
+    model = write_model_dir(
+        tmp_path, {**NESTED, "text_config": "qwen"}, weights_bytes=0
+    )
+    f = check_budget(model)
     assert f.status == "fail" and "text_config must be an object" in f.cause
 
 
 def test_unreadable_config_is_a_skip_naming_the_file(tmp_path: Path) -> None:
-    model = _model_dir(tmp_path, FLAT, weights_bytes=0)
+    model = write_model_dir(tmp_path, FLAT, weights_bytes=0)
     (Path(model) / "config.json").write_bytes(b"\xff{}")
-    f = _check(model)
+    f = check_budget(model)
     assert f.status == "skip" and "config.json is not UTF-8" in f.cause
 
 
@@ -317,8 +278,8 @@ def vendor_ops(fake_vendor_path: Path, monkeypatch: pytest.MonkeyPatch) -> objec
 
 
 def _log_at_tp8(tmp_path: Path):  # type: ignore[no-untyped-def]
-    return _check(
-        _model_dir(tmp_path, FLAT),
+    return check_budget(
+        write_model_dir(tmp_path, FLAT),
         tensor_parallel_size=8,
         max_num_seqs=256,
         gpu_memory_utilization=0.75,
@@ -430,7 +391,7 @@ class _NoDeviceRuntime:
 
 def _log_at_0_75(tmp_path: Path, runtime: object):  # type: ignore[no-untyped-def]
     ctx = Context(
-        model=_model_dir(tmp_path, FLAT),
+        model=write_model_dir(tmp_path, FLAT),
         tensor_parallel_size=8,
         max_num_seqs=256,
         gpu_memory_utilization=0.75,
@@ -471,8 +432,8 @@ def test_the_logs_config_keeps_the_recurrent_state_in_float32(tmp_path: Path) ->
     """The log's settings (TP 8, 256 seqs, vLLM's default flags) give the log's
     4.69 GiB again: conv state bf16 3840 x 2 B + recurrent float32 98304 x 4 B =
     400896 B per page, padded to 400 attention tokens = 409600 B, as all-float32."""
-    model = _model_dir(tmp_path, LOG_CONFIG)
-    f = _check(model, tensor_parallel_size=8, max_num_seqs=256)
+    model = write_model_dir(tmp_path, LOG_CONFIG)
+    f = check_budget(model, tensor_parallel_size=8, max_num_seqs=256)
     assert f.details["state_dtype"] == "bfloat16"
     assert f.details["ssm_state_dtype"] == "float32"
     assert f.details["state_bytes"] == FP32_STATE_256
@@ -484,8 +445,8 @@ def test_the_logs_config_keeps_the_recurrent_state_in_float32(tmp_path: Path) ->
 def test_the_operator_flag_overrides_the_checkpoints_state_dtype(
     tmp_path: Path,
 ) -> None:
-    model = _model_dir(tmp_path, LOG_CONFIG)
-    f = _check(
+    model = write_model_dir(tmp_path, LOG_CONFIG)
+    f = check_budget(
         model, tensor_parallel_size=8, max_num_seqs=256, mamba_ssm_cache_dtype="float16"
     )
     assert f.details["ssm_state_dtype"] == "float16"

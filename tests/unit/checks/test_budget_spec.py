@@ -13,7 +13,13 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
-from tests.unit.checks.test_budget import FLAT, NESTED, P800, _check, _model_dir
+from tests.unit.checks.hybrid_budget_cases import (
+    FLAT,
+    NESTED,
+    P800,
+    check_budget,
+    write_model_dir,
+)
 from vllm_kunlun.checks.memory_budget import estimate
 from vllm_kunlun.checks.model_shape import ModelShape
 
@@ -68,10 +74,10 @@ def test_sampler_rows_and_state_count_in_the_estimate() -> None:
 
 
 def test_the_doctor_counts_speculative_tokens(tmp_path: Path) -> None:
-    model = _model_dir(tmp_path, WITH_MTP)
+    model = write_model_dir(tmp_path, WITH_MTP)
     kw = {"tensor_parallel_size": 8, "max_num_seqs": 256, "gpu_memory_utilization": 0.8}
-    plain = _check(model, **kw)
-    spec = _check(model, num_speculative_tokens=2, **kw)
+    plain = check_budget(model, **kw)
+    spec = check_budget(model, num_speculative_tokens=2, **kw)
     # 3 blocks per layer and sequence (the conv columns fit in the page padding)
     assert spec.details["state_bytes"] == 3 * plain.details["state_bytes"]
     assert spec.details["max_safe_utilization"] < plain.details["max_safe_utilization"]

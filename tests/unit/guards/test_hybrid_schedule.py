@@ -55,38 +55,3 @@ def test_refused_naming_budget_page_and_fix(page: int, budget: int) -> None:
 )
 def test_schedulable_configurations_pass(mode: str, page: int, budget: int) -> None:
     refuse_unschedulable_prefill(config(mode, page, budget))  # type: ignore[arg-type]
-
-
-def _qwen3_5_config(tp: int, **heads: int) -> SimpleNamespace:
-    text = SimpleNamespace(
-        num_experts=0,
-        attention_bias=False,
-        **{
-            "num_attention_heads": 24,
-            "linear_num_key_heads": 16,
-            "linear_num_value_heads": 48,
-            **heads,
-        },
-    )
-    return SimpleNamespace(
-        model_config=SimpleNamespace(hf_text_config=text),
-        parallel_config=SimpleNamespace(tensor_parallel_size=tp),
-        speculative_config=None,
-        cache_config=SimpleNamespace(mamba_cache_mode="align"),
-    )
-
-
-@pytest.mark.parametrize("tp", [1, 2, 4, 8])
-def test_qwen3_5_heads_the_log_shards_pass(tp: int) -> None:
-    from vllm_kunlun.models.qwen3_5_config import refuse_unsupported
-
-    refuse_unsupported(_qwen3_5_config(tp))  # type: ignore[arg-type]
-
-
-def test_qwen3_5_heads_a_tp_size_cannot_shard_are_refused_by_name() -> None:
-    from vllm_kunlun.models.qwen3_5_config import refuse_unsupported
-
-    with pytest.raises(ValueError, match="linear_num_key_heads=2, which tensor "):
-        refuse_unsupported(
-            _qwen3_5_config(4, num_attention_heads=4, linear_num_key_heads=2)  # type: ignore[arg-type]
-        )

@@ -19,16 +19,19 @@ from vllm.v1.worker import mamba_utils
 from vllm_kunlun.models import hybrid_layer_patches, qwen3_next_mtp
 from vllm_kunlun.ops.gdn import patches as gdn_patches
 from vllm_kunlun.patching.phases import Phase, apply_phase
+from vllm_kunlun.platforms import chunked_prefill_drafts
 
 
 @pytest.fixture
 def clean() -> Iterator[None]:
     hybrid_layer_patches.revert_all()
     gdn_patches.revert_all()
+    chunked_prefill_drafts.revert()
     qwen3_next_mtp.revert()
     yield
     hybrid_layer_patches.revert_all()
     gdn_patches.revert_all()
+    chunked_prefill_drafts.revert()
     qwen3_next_mtp.revert()
 
 
@@ -151,7 +154,7 @@ def test_the_hybrid_phase_is_idempotent_and_reverts(clean: None) -> None:
     assert apply_phase(Phase.HYBRID_MODEL) == [
         gdn_patches.GDN_KERNELS,
         hybrid_layer_patches.NEW_REQUEST_STATE,
-        hybrid_layer_patches.PREFILL_DRAFTS,
+        chunked_prefill_drafts.NAME,
         gdn_patches.MAMBA_COPY,  # no Triton driver on this host
         qwen3_next_mtp.NAME,
     ]
@@ -161,8 +164,10 @@ def test_the_hybrid_phase_is_idempotent_and_reverts(clean: None) -> None:
         set(hybrid_layer_patches.PATCH_GROUPS) - {hybrid_layer_patches.MAMBA_CACHE}
     )
     assert sorted(gdn_patches.applied()) == sorted(gdn_patches.PATCH_GROUPS)
+    assert chunked_prefill_drafts.applied() == [chunked_prefill_drafts.NAME]
     hybrid_layer_patches.revert_all()
     gdn_patches.revert_all()
+    chunked_prefill_drafts.revert()
     mtp_layer = qwen3_next_mtp.PATCHES[0]
     assert mtp_layer.applied()
     qwen3_next_mtp.revert()
@@ -172,6 +177,7 @@ def test_the_hybrid_phase_is_idempotent_and_reverts(clean: None) -> None:
         mamba_utils.do_mamba_copy_block,
     ) == before
     assert hybrid_layer_patches.applied() == gdn_patches.applied() == []
+    assert chunked_prefill_drafts.applied() == []
 
 
 # ---- kunlun_mamba_cache_written -----------------------------------------------
@@ -235,15 +241,3 @@ def test_mamba_pages_are_cached_once_their_state_exists(
     manager.allocate_new_blocks(request.request_id, 48, 48)
     manager.cache_blocks(request, 48)
     assert manager.num_cached_block.get(request.request_id, 0) == cached
-
-
-def test_drafts_of_unfinished_prefills_are_dropped() -> None:
-    import numpy as np
-    from vllm.v1.outputs import DraftTokenIds
-
-    drafts = DraftTokenIds(["a", "b", "c"], [[5, 6], [7, 8], [9, 1]])
-    kept = hybrid_layer_patches.without_prefill_drafts(
-        drafts, np.array([False, True, False])
-    )
-    assert kept.req_ids == ["a", "b", "c"]
-    assert kept.draft_token_ids == [[5, 6], [], [9, 1]]

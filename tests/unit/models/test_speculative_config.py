@@ -76,17 +76,3 @@ def test_revert_restores_vllm(applied: None) -> None:
     assert speculative.SpeculativeConfig.hf_config_override is not S.hf_config_override
     assert "qwen3_5_mtp" not in get_args(speculative.MTPModelTypes)
     S.apply()
-
-
-def test_other_speculative_methods_on_qwen3_5_are_refused_naming_mtp() -> None:
-    from types import SimpleNamespace
-
-    from vllm_kunlun.models.qwen3_5_config import _refuse_unsupported_speculation
-
-    for method in ("ngram", "draft_model", "eagle"):
-        config = SimpleNamespace(speculative_config=SimpleNamespace(method=method))
-        with pytest.raises(ValueError, match='"method": "mtp"'):
-            _refuse_unsupported_speculation(config)  # type: ignore[arg-type]
-    ok = SimpleNamespace(speculative_config=SimpleNamespace(method="mtp"))
-    _refuse_unsupported_speculation(ok)  # type: ignore[arg-type]
-    _refuse_unsupported_speculation(SimpleNamespace(speculative_config=None))  # type: ignore[arg-type]

@@ -3,7 +3,7 @@ engine: one step planned from vLLM's ``CommonAttentionMetadata`` (decodes first,
 prefills with cached context: a prefix hit or an earlier chunk), ``forward`` with vLLM's
 inputs (``q`` with rope applied, ``kv_c_normed``, ``k_pe`` ``[T, 1, R]``) after vLLM's
 weight split (``MLACommonBaseImpl.process_weights_after_loading``), against multi-head
-attention written out in float64 (``test_mla_portable.reference``)."""
+attention written out in float64 (``mla_reference.reference``)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import pytest
 import torch
 from vllm.v1.attention.backend import AttentionType, CommonAttentionMetadata
 
-from tests.unit.ops.test_mla_portable import reference
+from tests.unit.ops.mla_reference import reference
 from vllm_kunlun.ops.mla import portable, seam
 from vllm_kunlun.ops.mla.backend import PluginMLAImpl
 from vllm_kunlun.ops.mla.metadata import build_metadata

@@ -10,11 +10,8 @@ from typing import Any
 import pytest
 import torch
 import torch.nn.functional as F
-from transformers.models.qwen3_5_moe import modeling_qwen3_5_moe as hf
-from transformers.models.qwen3_5_moe.configuration_qwen3_5_moe import (
-    Qwen3_5MoeTextConfig,
-)
 
+from tests.unit.ops.moe_cases import block, inputs, quantize_rows, weights
 from vllm_kunlun.ops.int8 import portable as int8_portable
 from vllm_kunlun.ops.moe import portable
 
@@ -27,41 +24,6 @@ SHAPES = [
     (64, 8, 32, 48, 7),
 ]
 IDS = [f"E{e}-k{k}-H{h}-I{i}-T{t}" for e, k, h, i, t in SHAPES]
-
-
-def config(experts: int, top_k: int, hidden: int, inter: int) -> Qwen3_5MoeTextConfig:
-    cfg = Qwen3_5MoeTextConfig(
-        hidden_size=hidden,
-        num_experts=experts,
-        num_experts_per_tok=top_k,
-        moe_intermediate_size=inter,
-        shared_expert_intermediate_size=inter,
-    )
-    cfg._experts_implementation = "eager"  # transformers' own loop, as in its models
-    return cfg
-
-
-def block(
-    experts: int, top_k: int, hidden: int, inter: int, seed: int = 0
-) -> hf.Qwen3_5MoeSparseMoeBlock:
-    torch.manual_seed(seed)
-    moe = hf.Qwen3_5MoeSparseMoeBlock(config(experts, top_k, hidden, inter))
-    with torch.no_grad():
-        for p in moe.parameters():
-            p.normal_(0.0, 0.3)
-    return moe.eval()
-
-
-def inputs(tokens: int, hidden: int, seed: int = 1) -> torch.Tensor:
-    return torch.randn(tokens, hidden, generator=torch.Generator().manual_seed(seed))
-
-
-def weights(moe: hf.Qwen3_5MoeSparseMoeBlock) -> tuple[torch.Tensor, ...]:
-    return (
-        moe.gate.weight.detach(),
-        moe.experts.gate_up_proj.detach(),
-        moe.experts.down_proj.detach(),
-    )
 
 
 # ---- routing --------------------------------------------------------------------------
@@ -199,13 +161,6 @@ def test_no_tokens() -> None:
 
 
 # ---- W8A8 experts ---------------------------------------------------------------------
-
-
-def quantize_rows(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """[E, N, K] -> int8 and float32 per-output-channel scales [E, N] (absmax / 127)."""
-    scale = w.abs().amax(dim=-1) / 127.0
-    q = torch.round(w / scale.unsqueeze(-1)).clamp(-128, 127).to(torch.int8)
-    return q, scale.float()
 
 
 def w8a8_reference(

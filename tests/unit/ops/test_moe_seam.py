@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 
 from tests.conftest import serve_platform
-from tests.unit.ops.test_moe_portable import block, inputs, quantize_rows, weights
+from tests.unit.ops.moe_cases import block, inputs, quantize_rows, weights
 from vllm_kunlun.checks.finding import Context
 from vllm_kunlun.doctor.vendor_contract import check_vendor_contract
 from vllm_kunlun.ops import chooser
