@@ -52,14 +52,7 @@ class KunlunRotaryEmbedding(RotaryEmbedding):
         super().__init__(*args, **kwargs)
         self.kunlun_route = Route("rotary_embedding", ("rotary_embedding",))
 
-    def _vendor(
-        self,
-        k: Kernels,
-        positions: torch.Tensor,
-        query: torch.Tensor,
-        key: torch.Tensor | None = None,
-    ) -> QK:
-        return _rotate(self, k, positions, query, key)
+    _vendor = _rotate  # the layer's vendor step is the shared call itself
 
     def forward_oot(
         self,
