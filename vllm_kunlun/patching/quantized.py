@@ -8,7 +8,8 @@ platform is resolved, while ``Phase.QUANTIZED_MODEL`` (the config's verification
 imports and applies it. A target that differs from what the patch was written for is
 left alone with one warning that says what differs.
 How: ``QuantizedModelPatch`` wraps the module's ``AttributePatch``; the module binds
-``apply``, ``apply_if_loaded``, ``revert`` and ``RUNTIME_PATCHES`` from it.
+``apply``, ``apply_if_loaded``, ``revert`` and ``RUNTIME_PATCHES`` from it in one line
+(``bindings()``).
 Removal: with the last of those patches.
 """
 
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable
+from typing import NamedTuple
 
 from vllm_kunlun.logger import init_logger
 from vllm_kunlun.patching.attribute import (
@@ -26,6 +28,15 @@ from vllm_kunlun.patching.attribute import (
 from vllm_kunlun.patching.phases import Phase
 
 logger = init_logger(__name__)
+
+
+class Bindings(NamedTuple):
+    """What a patch module exposes: its three actions and its phase hook."""
+
+    apply: Callable[[], bool]
+    apply_if_loaded: Callable[[], bool]
+    revert: Callable[[], None]
+    runtime_patches: dict[str, Callable[[Phase], bool]]
 
 
 class QuantizedModelPatch:
@@ -70,3 +81,8 @@ class QuantizedModelPatch:
             return self.apply_if_loaded()
 
         return {self.patch.name: hook}
+
+    def bindings(self) -> Bindings:
+        """``apply, apply_if_loaded, revert, RUNTIME_PATCHES = QUANTIZED.bindings()``:
+        the names a patch module binds (the last is ``phases.apply_phase``'s hook)."""
+        return Bindings(self.apply, self.apply_if_loaded, self.revert, self.hooks())

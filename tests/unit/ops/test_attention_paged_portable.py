@@ -161,9 +161,10 @@ def run(
         batch.key, batch.value, batch.kv_cache, batch.plan.slot_mapping
     )
     output = torch.full_like(batch.query, float("nan"))
-    return paged.paged_attention(
+    return paged.attend(
         batch.query,
-        batch.kv_cache,
+        batch.kv_cache[:, 0],
+        batch.kv_cache[:, 1],
         batch.plan,
         output,
         scale,
@@ -247,8 +248,13 @@ def test_attention_reads_only_its_own_blocks() -> None:
     for b in range(batch.kv_cache.shape[0]):
         if b not in owned:
             batch.kv_cache[b] = 1e4
-    out_after = paged.paged_attention(
-        batch.query, batch.kv_cache, batch.plan, torch.empty_like(batch.query), scale
+    out_after = paged.attend(
+        batch.query,
+        batch.kv_cache[:, 0],
+        batch.kv_cache[:, 1],
+        batch.plan,
+        torch.empty_like(batch.query),
+        scale,
     )
     torch.testing.assert_close(out_after[0], out_before[0])
     assert not torch.allclose(out_after[1], out_before[1])
@@ -308,14 +314,25 @@ def test_window_reads_no_block_the_sliding_window_manager_may_free(
         for col in range(first_kept // block_size):  # blocks wholly before it
             batch.kv_cache[int(table[g][r, col])] = float("nan")
     output = torch.full_like(batch.query, float("nan"))
-    after = paged.paged_attention(
-        batch.query, batch.kv_cache, batch.plan, output, scale, window=window
+    after = paged.attend(
+        batch.query,
+        batch.kv_cache[:, 0],
+        batch.kv_cache[:, 1],
+        batch.plan,
+        output,
+        scale,
+        window=window,
     )
     assert torch.isfinite(after).all()
     torch.testing.assert_close(after, before)
     # Full attention reads those blocks: the poison shows (the check has teeth).
-    full = paged.paged_attention(
-        batch.query, batch.kv_cache, batch.plan, torch.empty_like(output), scale
+    full = paged.attend(
+        batch.query,
+        batch.kv_cache[:, 0],
+        batch.kv_cache[:, 1],
+        batch.plan,
+        torch.empty_like(output),
+        scale,
     )
     assert not torch.isfinite(full).all()
 

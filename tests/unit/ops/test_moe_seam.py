@@ -73,7 +73,7 @@ def test_cpu_tensors_on_kunlun_use_the_portable_kernel(fake_ops: Any) -> None:
 
 def test_kunlun_device_takes_the_vendor_block(fake_ops: Any) -> None:
     k = moe.select_kernels(CUDA)
-    assert k.name == "vendor" and k.vendor_fn is fake_ops.moe_ffn_block
+    assert k.name == "vendor" and k.vendor is fake_ops.moe_ffn_block
     assert k.reason == "kunlun_ops.moe_ffn_block is available"
 
 

@@ -127,9 +127,10 @@ class PortableAttentionImpl(PluginAttentionImpl[PortableAttentionMetadata]):
             )
         if self.kv_sharing_target_layer_name is None and key is not None:
             paged.write_kv_cache(key, value, kv_cache, plan.slot_mapping)
-        return paged.paged_attention(
+        return paged.attend(  # the cache: [blocks, 2 (key, value), block, heads, dim]
             query,
-            kv_cache,
+            kv_cache[:, 0],
+            kv_cache[:, 1],
             plan,
             output,
             self.scale,

@@ -173,33 +173,25 @@ def plan_step(
     Only ``query_start_loc_cpu`` is read on the host, to size the prefill group.
     """
     num_reqs = seq_lens.shape[0]
-    groups = []
+    bounds = []  # (first request, end, max_query_len) of each group
     if num_decodes:
-        groups.append(
-            plan_group(
-                query_start_loc[: num_decodes + 1],
-                seq_lens[:num_decodes],
-                block_table[:num_decodes],
-                max_query_len=1,
-                max_seq_len=max_seq_len,
-                block_size=block_size,
-                dummy_row=num_actual_tokens,
-            )
-        )
+        bounds.append((0, num_decodes, 1))
     if num_reqs > num_decodes:
         lens = query_start_loc_cpu[num_decodes + 1 : num_reqs + 1]
         lens = lens - query_start_loc_cpu[num_decodes:num_reqs]
-        groups.append(
-            plan_group(
-                query_start_loc[num_decodes : num_reqs + 1],
-                seq_lens[num_decodes:num_reqs],
-                block_table[num_decodes:num_reqs],
-                max_query_len=max(int(lens.max()), 1),
-                max_seq_len=max_seq_len,
-                block_size=block_size,
-                dummy_row=num_actual_tokens,
-            )
+        bounds.append((num_decodes, num_reqs, max(int(lens.max()), 1)))
+    groups = [
+        plan_group(
+            query_start_loc[lo : hi + 1],
+            seq_lens[lo:hi],
+            block_table[lo:hi],
+            max_query_len=max_query_len,
+            max_seq_len=max_seq_len,
+            block_size=block_size,
+            dummy_row=num_actual_tokens,
         )
+        for lo, hi, max_query_len in bounds
+    ]
     return AttentionPlan(
         num_actual_tokens=num_actual_tokens,
         slot_mapping=slot_mapping[:num_actual_tokens],
@@ -225,51 +217,6 @@ def write_kv_cache(
     kv_cache[blocks, 1, offsets] = value[:n][valid].to(kv_cache.dtype)
 
 
-def attend_group(
-    query: torch.Tensor,
-    key_cache: torch.Tensor,
-    value_cache: torch.Tensor,
-    group: GroupPlan,
-    scale: float,
-    logits_soft_cap: float | None = None,
-    *,
-    window: int | None = None,
-    sinks: torch.Tensor | None = None,
-    heads_first: bool = False,
-) -> torch.Tensor:
-    """Attention for one group: returns [R, Q, num_heads, head_size] in float32.
-
-    ``query`` is [T + 1, num_heads, head_size] (the extra row is the dummy row);
-    ``key_cache`` / ``value_cache`` are ``[blocks, block, kv_heads, dim]`` pages, or
-    ``[blocks, kv_heads, block, dim]`` with ``heads_first``.
-    """
-    view = group.view(window)
-    num_kv_heads = key_cache.shape[1 if heads_first else 2]
-    head_size = key_cache.shape[3]
-    q = query[group.q_index].float()  # [R, Q, H, D]
-    r, nq_len, num_heads, _ = q.shape
-    q = q.view(r, nq_len, num_kv_heads, num_heads // num_kv_heads, head_size)
-    if heads_first:  # the sliced head axis lands after the indexed [R, L] axes
-        k = key_cache[view.kv_block, :, view.kv_offset].float()  # [R, L, KH, D]
-        v = value_cache[view.kv_block, :, view.kv_offset].float()
-    else:
-        k = key_cache[view.kv_block, view.kv_offset].float()
-        v = value_cache[view.kv_block, view.kv_offset].float()
-    scores = torch.einsum("rqkgd,rlkd->rkgql", q, k) * scale
-    if logits_soft_cap:
-        scores = logits_soft_cap * torch.tanh(scores / logits_soft_cap)
-    scores = scores.masked_fill(~view.mask[:, None, None], float("-inf"))
-    if sinks is None:
-        probs = torch.softmax(scores, dim=-1)
-    else:
-        # The sink is one more logit per head in the denominator, with no value.
-        sink = sinks.float().view(1, num_kv_heads, -1, 1, 1)
-        sink = sink.expand(*scores.shape[:-1], 1)
-        probs = torch.softmax(torch.cat([scores, sink], dim=-1), dim=-1)[..., :-1]
-    out = torch.einsum("rkgql,rlkd->rqkgd", probs, v)
-    return out.reshape(r, nq_len, num_heads, head_size)
-
-
 def attend(
     query: torch.Tensor,
     key_cache: torch.Tensor,
@@ -283,27 +230,43 @@ def attend(
     sinks: torch.Tensor | None = None,
     heads_first: bool = False,
 ) -> torch.Tensor:
-    """Fill ``output[:num_actual_tokens]`` ([T, num_heads, head_size]) and return it;
-    the caches as in ``attend_group``."""
+    """Fill ``output[:num_actual_tokens]`` ([T, num_heads, head_size]) and return it.
+
+    ``key_cache`` / ``value_cache`` are ``[blocks, block, kv_heads, dim]`` pages, or
+    ``[blocks, kv_heads, block, dim]`` with ``heads_first``. Each group of the plan is
+    computed in float32 as ``[R, Q, num_heads, head_size]`` and scattered to its rows.
+    """
     n = plan.num_actual_tokens
     num_heads, head_size = query.shape[1], query.shape[2]
+    num_kv_heads = key_cache.shape[1 if heads_first else 2]
     # One extra row: padded query positions read from and write to it.
     padded_q = torch.cat([query[:n], query.new_zeros(1, num_heads, head_size)])
     result = torch.zeros(
         n + 1, num_heads, head_size, dtype=output.dtype, device=output.device
     )
     for group in plan.groups:
-        out = attend_group(
-            padded_q,
-            key_cache,
-            value_cache,
-            group,
-            scale,
-            logits_soft_cap,
-            window=window,
-            sinks=sinks,
-            heads_first=heads_first,
-        )
+        view = group.view(window)
+        q = padded_q[group.q_index].float()  # [R, Q, H, D]
+        r, nq_len = q.shape[0], q.shape[1]
+        q = q.view(r, nq_len, num_kv_heads, num_heads // num_kv_heads, head_size)
+        if heads_first:  # the sliced head axis lands after the indexed [R, L] axes
+            k = key_cache[view.kv_block, :, view.kv_offset].float()  # [R, L, KH, D]
+            v = value_cache[view.kv_block, :, view.kv_offset].float()
+        else:
+            k = key_cache[view.kv_block, view.kv_offset].float()
+            v = value_cache[view.kv_block, view.kv_offset].float()
+        scores = torch.einsum("rqkgd,rlkd->rkgql", q, k) * scale
+        if logits_soft_cap:
+            scores = logits_soft_cap * torch.tanh(scores / logits_soft_cap)
+        scores = scores.masked_fill(~view.mask[:, None, None], float("-inf"))
+        if sinks is None:
+            probs = torch.softmax(scores, dim=-1)
+        else:
+            # The sink is one more logit per head in the denominator, with no value.
+            sink = sinks.float().view(1, num_kv_heads, -1, 1, 1)
+            sink = sink.expand(*scores.shape[:-1], 1)
+            probs = torch.softmax(torch.cat([scores, sink], dim=-1), dim=-1)[..., :-1]
+        out = torch.einsum("rkgql,rlkd->rqkgd", probs, v)
         result.index_copy_(
             0,
             group.q_index.reshape(-1),
@@ -311,29 +274,3 @@ def attend(
         )
     output[:n] = result[:n]
     return output
-
-
-def paged_attention(
-    query: torch.Tensor,
-    kv_cache: torch.Tensor,
-    plan: AttentionPlan,
-    output: torch.Tensor,
-    scale: float,
-    logits_soft_cap: float | None = None,
-    *,
-    window: int | None = None,
-    sinks: torch.Tensor | None = None,
-) -> torch.Tensor:
-    """``attend`` over the portable backend's cache ``[blocks, 2, block, kv_heads,
-    dim]``."""
-    return attend(
-        query,
-        kv_cache[:, 0],
-        kv_cache[:, 1],
-        plan,
-        output,
-        scale,
-        logits_soft_cap,
-        window=window,
-        sinks=sinks,
-    )

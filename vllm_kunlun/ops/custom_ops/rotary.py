@@ -11,7 +11,6 @@ Removal: when vLLM dispatches rotary embedding to Kunlun kernels itself.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -26,17 +25,17 @@ QK = tuple[torch.Tensor, torch.Tensor | None]
 
 def _rotate(
     layer: RotaryEmbedding | MRotaryEmbedding,
-    kernel: Callable[..., QK],
     k: Kernels,
     positions: torch.Tensor,
     query: torch.Tensor,
     key: torch.Tensor | None,
-    *extra: Any,
+    mrope: rotary.MRope | None = None,
 ) -> QK:
-    """The vendor call of both classes: the cache in the query's dtype, then ``kernel``
-    with the layer's head size, cache and style (``extra``: M-RoPE's section layout)."""
+    """The vendor call of both classes: the cache in the query's dtype, then the vendor
+    rotary with the layer's head size, cache and style (``mrope``: M-RoPE's section
+    layout)."""
     layer._match_cos_sin_cache_dtype(query)
-    return kernel(
+    return rotary.rotary_embedding(
         k,
         positions,
         query,
@@ -44,7 +43,7 @@ def _rotate(
         layer.head_size,
         layer.cos_sin_cache,
         layer.is_neox_style,
-        *extra,
+        mrope,
     )
 
 
@@ -53,14 +52,7 @@ class KunlunRotaryEmbedding(RotaryEmbedding):
         super().__init__(*args, **kwargs)
         self.kunlun_route = Route("rotary_embedding", ("rotary_embedding",))
 
-    def _vendor(
-        self,
-        k: Kernels,
-        positions: torch.Tensor,
-        query: torch.Tensor,
-        key: torch.Tensor | None = None,
-    ) -> QK:
-        return _rotate(self, rotary.rotary_embedding, k, positions, query, key)
+    _vendor = _rotate  # the layer's vendor step is the shared call itself
 
     def forward_oot(
         self,
@@ -90,16 +82,8 @@ class KunlunMRotaryEmbedding(MRotaryEmbedding):
     ) -> QK:
         if offsets is not None:
             raise Refused("position offsets (no kernel argument)")
-        return _rotate(
-            self,
-            rotary.mrotary_embedding,
-            k,
-            positions,
-            query,
-            key,
-            self.mrope_section,
-            self.mrope_interleaved,
-        )
+        mrope = (self.mrope_section, self.mrope_interleaved)
+        return _rotate(self, k, positions, query, key, mrope)
 
     def forward_oot(
         self,

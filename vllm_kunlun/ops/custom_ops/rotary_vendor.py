@@ -58,6 +58,10 @@ def _prepare(
     )
 
 
+# An M-RoPE layer's section layout: (``mrope_section``, ``mrope_interleaved``).
+MRope = tuple[Sequence[int] | None, bool]
+
+
 def rotary_embedding(
     k: Kernels,
     positions: torch.Tensor,
@@ -66,45 +70,32 @@ def rotary_embedding(
     head_size: int,
     cos_sin_cache: torch.Tensor,
     is_neox_style: bool,
+    mrope: MRope | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """vLLM's ``RotaryEmbedding.forward``; ``kunlun_ops.rotary_embedding(positions=,
-    query=, key=, head_size=, cos_sin_cache=, is_neox=)`` as upstream calls it."""
-    pos, q, kk = _prepare(positions.flatten(), query, key, cos_sin_cache)
-    k["rotary_embedding"](
-        positions=pos,
-        query=q,
-        key=kk,
-        head_size=head_size,
-        cos_sin_cache=cos_sin_cache,
-        is_neox=is_neox_style,
-    )
-    return q, kk
+    """vLLM's ``RotaryEmbedding.forward``, and ``MRotaryEmbedding.forward`` when the
+    layer's ``mrope`` layout is given.
 
-
-def mrotary_embedding(
-    k: Kernels,
-    positions: torch.Tensor,
-    query: torch.Tensor,
-    key: torch.Tensor | None,
-    head_size: int,
-    cos_sin_cache: torch.Tensor,
-    is_neox_style: bool,
-    mrope_section: Sequence[int] | None,
-    mrope_interleaved: bool,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """vLLM's ``MRotaryEmbedding.forward``.
-
-    Text-only positions ([tokens]) are plain RoPE (``rotary_embedding``); T/H/W
-    positions ([3, tokens]) go to ``kunlun_ops.mrotary_embedding_neox(positions, query,
-    key, head_size, cos_sin_cache, mrope_section)`` (upstream's positional form), which
-    takes section ``i`` of the frequencies from position row ``i`` (the layout of
-    Qwen2-VL's M-RoPE). That kernel is neox-style and not interleaved by its name and
-    arguments, so the other variants are refused.
+    Plain RoPE (any layer's text-only positions, ``[tokens]``):
+    ``kunlun_ops.rotary_embedding(positions=, query=, key=, head_size=, cos_sin_cache=,
+    is_neox=)`` as upstream calls it. T/H/W positions of an M-RoPE layer
+    (``[3, tokens]``) go to ``kunlun_ops.mrotary_embedding_neox(positions, query, key,
+    head_size, cos_sin_cache, mrope_section)`` (upstream's positional form), which takes
+    section ``i`` of the frequencies from position row ``i`` (the layout of Qwen2-VL's
+    M-RoPE). That kernel is neox-style and not interleaved by its name and arguments,
+    so the other variants are refused.
     """
-    if positions.dim() == 1:
-        return rotary_embedding(
-            k, positions, query, key, head_size, cos_sin_cache, is_neox_style
+    if mrope is None or positions.dim() == 1:
+        pos, q, kk = _prepare(positions.flatten(), query, key, cos_sin_cache)
+        k["rotary_embedding"](
+            positions=pos,
+            query=q,
+            key=kk,
+            head_size=head_size,
+            cos_sin_cache=cos_sin_cache,
+            is_neox=is_neox_style,
         )
+        return q, kk
+    mrope_section, mrope_interleaved = mrope
     if positions.dim() != 2 or positions.shape[0] != 3:
         raise Refused(f"positions of shape {tuple(positions.shape)}")
     if not mrope_section:

@@ -46,13 +46,9 @@ VENDOR_MODULE = "xspeedgate_ops"
 GPTQ_GEMM = "gptq_gemm"
 
 
-@dataclass(frozen=True)
-class Wna16Kernels:
-    """The weight-only linear path one device uses, and why."""
-
-    name: str
-    reason: str
-    gptq_gemm: Callable[..., Any] | None = None
+# The weight-only linear path one device uses, and why: the chooser's own choice, as it
+# comes (``vendor``: ``xspeedgate_ops.gptq_gemm``).
+Wna16Kernels = chooser.Choice[Callable[..., Any]]
 
 
 def load_vendor() -> tuple[Callable[..., Any] | None, str]:
@@ -60,8 +56,8 @@ def load_vendor() -> tuple[Callable[..., Any] | None, str]:
     return fn, why
 
 
-SEAM = chooser.DeviceSeam(
-    chooser.WNA16_MM, load_vendor, lambda c: Wna16Kernels(c.name, c.reason, c.vendor)
+SEAM: chooser.DeviceSeam[Callable[..., Any], Wna16Kernels] = chooser.DeviceSeam(
+    chooser.WNA16_MM, load_vendor, lambda c: c
 )
 select_kernels = SEAM.select
 reset = SEAM.reset
@@ -95,7 +91,7 @@ def prepare(
     kernels = select_kernels(packed.device)
     k = packed.shape[1] * portable.pack_factor(bits)
     gs = k if group_size <= 0 else group_size
-    if kernels.gptq_gemm is not None and zeros is None:
+    if kernels.vendor is not None and zeros is None:
         q = portable.unpack_cols(packed, bits)  # [N, K]
         n, groups = q.shape[0], scales.shape[1]
         qweight = portable.pack_cols(q, bits).t().contiguous()  # [K/f, N]
@@ -112,7 +108,7 @@ def prepare(
             qzeros,
             g_idx.to(torch.int32).contiguous(),
         )
-    if kernels.gptq_gemm is not None:
+    if kernels.vendor is not None:
         logger.info_once(
             "vllm-kunlun: asymmetric weight-only layers run the portable kernel (the "
             "vendor gptq_gemm has no encoding for a zero point of 0)"
@@ -177,14 +173,14 @@ def _impl(
         return portable.wna16_linear(
             x, weight, scales, zeros, bits, group_size, index, bias, groups
         )
-    if kernels.gptq_gemm is None:
+    if kernels.vendor is None:
         raise RuntimeError(
             "vllm-kunlun: a layer laid out for the vendor gptq_gemm runs on "
             f"{x.device}, where {kernels.reason}"
         )
     SEAM.record(x.device, VENDOR, kernels.reason)
     x2 = x.reshape(-1, x.shape[-1]).contiguous()
-    out = kernels.gptq_gemm(x2, weight, zeros, scales, index, False, bits)
+    out = kernels.vendor(x2, weight, zeros, scales, index, False, bits)
     if bias is not None:
         out = out + bias.to(out.dtype)
     return out.reshape(*x.shape[:-1], out.shape[-1])  # type: ignore[no-any-return]

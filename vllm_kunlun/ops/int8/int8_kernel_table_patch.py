@@ -65,11 +65,8 @@ def _make(original: dict[Any, list[Any]]) -> dict[Any, list[Any]]:
 PATCH = AttributePatch(NAME, MODULE, "_POSSIBLE_INT8_KERNELS", _make, _check)
 
 
-# apply / apply_if_loaded / revert and the phase hook: patching/quantized.py
+# apply / apply_if_loaded / revert and phases.apply_phase's hook: patching/quantized.py
 QUANTIZED = QuantizedModelPatch(
     PATCH, "W8A8 int8 layers use KunlunInt8ScaledMMLinearKernel"
 )
-apply = QUANTIZED.apply
-apply_if_loaded = QUANTIZED.apply_if_loaded
-revert = QUANTIZED.revert
-RUNTIME_PATCHES = QUANTIZED.hooks()  # phases.apply_phase's hook (patching/phases.py)
+apply, apply_if_loaded, revert, RUNTIME_PATCHES = QUANTIZED.bindings()

@@ -275,7 +275,6 @@ def int8_linear(
     x: torch.Tensor,
     weight: torch.Tensor,
     weight_scale: torch.Tensor,
-    *,
     input_scale: torch.Tensor | None = None,
     input_zero_point: torch.Tensor | None = None,
     azp_adj: torch.Tensor | None = None,

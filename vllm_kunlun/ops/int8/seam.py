@@ -63,11 +63,12 @@ class VendorInt8:
         x: torch.Tensor,
         weight: torch.Tensor,
         weight_scale: torch.Tensor,
-        input_scale: torch.Tensor | None,
-        input_zero_point: torch.Tensor | None,
-        azp_adj: torch.Tensor | None,
-        bias: torch.Tensor | None,
+        input_scale: torch.Tensor | None = None,
+        input_zero_point: torch.Tensor | None = None,
+        azp_adj: torch.Tensor | None = None,
+        bias: torch.Tensor | None = None,
     ) -> torch.Tensor:
+        """``portable.int8_linear`` on the vendor kernels."""
         x2 = x.reshape(-1, x.shape[-1]).contiguous()
         m, n = x2.shape[0], weight.shape[0]
         x_q = torch.empty_like(x2, dtype=torch.int8)
@@ -128,29 +129,12 @@ class Int8Kernels:
     reason: str
     vendor_ops: VendorInt8 | None = None
 
-    def linear(
-        self,
-        x: torch.Tensor,
-        weight: torch.Tensor,
-        weight_scale: torch.Tensor,
-        input_scale: torch.Tensor | None = None,
-        input_zero_point: torch.Tensor | None = None,
-        azp_adj: torch.Tensor | None = None,
-        bias: torch.Tensor | None = None,
-    ) -> torch.Tensor:
+    @property
+    def linear(self) -> Callable[..., torch.Tensor]:
+        """``portable.int8_linear``'s call (positional or by name) on the chosen path."""
         if self.vendor_ops is not None:
-            return self.vendor_ops.linear(
-                x, weight, weight_scale, input_scale, input_zero_point, azp_adj, bias
-            )
-        return portable.int8_linear(
-            x,
-            weight,
-            weight_scale,
-            input_scale=input_scale,
-            input_zero_point=input_zero_point,
-            azp_adj=azp_adj,
-            bias=bias,
-        )
+            return self.vendor_ops.linear
+        return portable.int8_linear
 
 
 def load_vendor() -> tuple[VendorInt8 | None, str]:

@@ -30,7 +30,7 @@ Removal: when vLLM's routers run on the validated torch without ``vllm._C``.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
 import torch
@@ -53,17 +53,9 @@ class Routing:
 
     @classmethod
     def of_layer(cls, layer: Any) -> Routing:
-        """The settings of a vLLM ``FusedMoE`` layer."""
-        return cls(
-            top_k=layer.top_k,
-            renormalize=layer.renormalize,
-            use_grouped_topk=layer.use_grouped_topk,
-            num_expert_group=layer.num_expert_group,
-            topk_group=layer.topk_group,
-            scoring_func=layer.scoring_func,
-            routed_scaling_factor=layer.routed_scaling_factor,
-            custom_routing_function=layer.custom_routing_function,
-        )
+        """The settings of a vLLM ``FusedMoE`` layer: each field is the layer's
+        attribute of the same name."""
+        return cls(**{f.name: getattr(layer, f.name) for f in fields(cls)})
 
     def kind(self, has_bias: bool) -> str:
         """Which of vLLM's routers these settings select (for logs and refusals)."""

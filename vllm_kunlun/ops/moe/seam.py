@@ -29,7 +29,6 @@ traced). Removal: when vLLM's fused MoE runs on the validated torch without Trit
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -49,13 +48,9 @@ VENDOR_FUNCTION = "moe_ffn_block"
 UNGROUPED = {"use_grouped_topk": False, "expert_group_num": 0, "topk_group": 0}
 
 
-@dataclass(frozen=True)
-class MoeKernels:
-    """The MoE path one device uses, and why."""
-
-    name: str
-    reason: str
-    vendor_fn: Callable[..., Any] | None = None
+# The MoE path one device uses, and why: the chooser's own choice, as it comes
+# (``vendor``: ``kunlun_ops.moe_ffn_block``).
+MoeKernels = chooser.Choice[Callable[..., Any]]
 
 
 def load_vendor() -> tuple[Callable[..., Any] | None, str]:
@@ -64,8 +59,8 @@ def load_vendor() -> tuple[Callable[..., Any] | None, str]:
     return fn, (f"{why} is available" if fn is not None else why)
 
 
-SEAM = chooser.DeviceSeam(
-    chooser.MOE, load_vendor, lambda c: MoeKernels(c.name, c.reason, c.vendor)
+SEAM: chooser.DeviceSeam[Callable[..., Any], MoeKernels] = chooser.DeviceSeam(
+    chooser.MOE, load_vendor, lambda c: c
 )
 select_kernels = SEAM.select  # the MoE path for tensors on a device, chosen once
 reset = SEAM.reset
@@ -92,33 +87,6 @@ def _vendor_refusal(
     return None
 
 
-def _vendor_block(
-    fn: Callable[..., Any],
-    x: torch.Tensor,
-    router_weight: torch.Tensor,
-    w13: torch.Tensor,
-    w2: torch.Tensor,
-    top_k: int,
-    renormalize: bool,
-    num_experts: int,
-) -> torch.Tensor:
-    out = torch.empty_like(x)
-    fn(
-        x=x.contiguous(),
-        gate_w=router_weight.contiguous(),
-        inter_w=w13.contiguous(),
-        output_w=w2.contiguous(),
-        expert_num=num_experts,
-        moe_top_k=top_k,
-        topk_group=UNGROUPED["topk_group"],
-        renormalize=renormalize,
-        use_grouped_topk=UNGROUPED["use_grouped_topk"],
-        expert_group_num=UNGROUPED["expert_group_num"],
-        out=out,
-    )
-    return out
-
-
 def forward_eager(
     x: torch.Tensor,
     router_weight: torch.Tensor,
@@ -135,19 +103,23 @@ def forward_eager(
     x2 = x.reshape(-1, x.shape[-1])
     kernels = select_kernels(x.device)
     path, reason = kernels.name, kernels.reason
-    if kernels.vendor_fn is not None:
+    if kernels.vendor is not None:
         quantized = w13_scale is not None or w2_scale is not None
         refusal = _vendor_refusal(w13.shape[0], num_experts, quantized)
         if refusal is None:
-            out = _vendor_block(
-                kernels.vendor_fn,
-                x2,
-                router_weight,
-                w13,
-                w2,
-                top_k,
-                renormalize,
-                num_experts,
+            out = torch.empty_like(x2)
+            kernels.vendor(
+                x=x2.contiguous(),
+                gate_w=router_weight.contiguous(),
+                inter_w=w13.contiguous(),
+                output_w=w2.contiguous(),
+                expert_num=num_experts,
+                moe_top_k=top_k,
+                topk_group=UNGROUPED["topk_group"],
+                renormalize=renormalize,
+                use_grouped_topk=UNGROUPED["use_grouped_topk"],
+                expert_group_num=UNGROUPED["expert_group_num"],
+                out=out,
             )
             SEAM.record(x.device, VENDOR, reason)
             return out.reshape(x.shape)

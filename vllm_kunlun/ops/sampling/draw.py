@@ -75,31 +75,6 @@ def block_sums(weights: torch.Tensor) -> torch.Tensor:
     return sums
 
 
-def draw(
-    weights: torch.Tensor,
-    uniforms: torch.Tensor,
-    *,
-    threshold: torch.Tensor | None = None,
-    owned: bool = False,
-    scratch: torch.Tensor | None = None,
-    rows: torch.Tensor | None = None,
-) -> torch.Tensor:
-    """Inverse-transform draw over whole rows (int64, one per uniform).
-
-    ``weights`` (B, V) need not be normalised; with ``threshold`` (B,), weights below it
-    count as 0 (zeroed in place when ``owned``; else written to ``scratch`` or a new
-    buffer). ``rows`` (N,): the weight row of each of the N uniforms (None: N == B).
-    """
-    return draw_with_mass(
-        weights,
-        uniforms,
-        threshold=threshold,
-        owned=owned,
-        scratch=scratch,
-        rows=rows,
-    )[0]
-
-
 def draw_with_mass(
     weights: torch.Tensor,
     uniforms: torch.Tensor,
@@ -109,7 +84,14 @@ def draw_with_mass(
     scratch: torch.Tensor | None = None,
     rows: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """``draw``, and the (masked) mass each draw was taken from."""
+    """Inverse-transform draw over whole rows: (tokens, int64, one per uniform; the
+    (masked) mass each draw was taken from).
+
+    ``weights`` (B, V) need not be normalised; with ``threshold`` (B,), weights below it
+    count as 0 (zeroed in place when ``owned``; else written to ``scratch`` or a new
+    buffer). ``rows`` (N,): the weight row of each of the N uniforms (None: N == B).
+    Callers that want only the tokens take ``[0]``.
+    """
     masked = weights
     if threshold is not None:
         # A float 0/1 mask written by the comparison itself: bool masks go through a
@@ -278,18 +260,20 @@ def _redraw(
         sub = weights[rows]  # a copy of the rejected rows
         if last:
             exact = thresholds.radix_threshold(sub, None, top_p[rows])
-            tokens[start:end] = draw(sub, uniform[rows], threshold=exact, owned=True)
+            tokens[start:end] = draw_with_mass(
+                sub, uniform[rows], threshold=exact, owned=True
+            )[0]
             continue
         floor = torch.nextafter(
             values[start:end], torch.full_like(values[start:end], float("inf"))
         )
-        picked = draw(
+        picked = draw_with_mass(
             sub,
             uniform[rows],
             threshold=floor,
             owned=True,
             scratch=scratch[: end - start],
-        )
+        )[0]
         tokens[start:end] = picked
         new_values[start:end] = sub[
             torch.arange(end - start, device=sub.device), picked

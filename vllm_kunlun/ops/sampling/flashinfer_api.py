@@ -172,7 +172,7 @@ def _min_p_api(
     if rows is not None:
         scale = scale[:1].expand(probs.shape[0])
     threshold = scale * probs.amax(dim=-1)
-    tokens = draw_ops.draw(probs, u[:, 0], threshold=threshold, rows=rows)
+    tokens = draw_ops.draw_with_mass(probs, u[:, 0], threshold=threshold, rows=rows)[0]
     return tokens.to(out_dtype)
 
 
@@ -426,7 +426,7 @@ def chain_speculative_sampling(
     drafted = draft.gather(1, index.clamp(max=max(n - 1, 0))).squeeze(1) if n else None
     if drafted is not None:
         residual = (residual - drafted * (pos < n).unsqueeze(1)).clamp_(min=0)
-    token = draw_ops.draw(residual.contiguous(), u[:, 2 * n])
+    token = draw_ops.draw_with_mass(residual.contiguous(), u[:, 2 * n])[0]
     out = torch.where(positions < pos.unsqueeze(1), ids, torch.full_like(ids, -1))
     out = torch.cat([out, torch.full_like(ids[:, :1], -1)], dim=1)
     out.scatter_(1, pos.unsqueeze(1), token.unsqueeze(1))
