@@ -123,5 +123,4 @@ _PATCHES = (
 
 
 GUARD = OptionalPatch(NAME, _PATCHES, "an LLM whose engine core dies may wait for ever")
-install, installed, uninstall = GUARD.install, GUARD.installed, GUARD.uninstall
-RUNTIME_PATCHES = GUARD.hooks()
+install, installed, uninstall, RUNTIME_PATCHES = GUARD.bindings()

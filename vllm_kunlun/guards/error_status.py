@@ -101,5 +101,4 @@ PATCH = AttributePatch(
 GUARD = OptionalPatch(
     NAME, (PATCH,), "error answers keep vLLM's status 200", only_where=API_SERVER
 )
-install, installed, uninstall = GUARD.install, GUARD.installed, GUARD.uninstall
-RUNTIME_PATCHES = GUARD.hooks()
+install, installed, uninstall, RUNTIME_PATCHES = GUARD.bindings()

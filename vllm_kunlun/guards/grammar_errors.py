@@ -106,5 +106,4 @@ PATCH = AttributePatch(NAME, MODULE, ATTR, _make, _check)
 
 # A vLLM that differs keeps its own messages, with a warning.
 GUARD = OptionalPatch(NAME, (PATCH,), "a bad grammar's 400 may not name the problem")
-install, installed, uninstall = GUARD.install, GUARD.installed, GUARD.uninstall
-RUNTIME_PATCHES = GUARD.hooks()
+install, installed, uninstall, RUNTIME_PATCHES = GUARD.bindings()

@@ -96,5 +96,4 @@ GUARD = OptionalPatch(
     "guided_* request fields are ignored with only a warning (served unconstrained)",
     only_where=API_SERVER,
 )
-install, installed, uninstall = GUARD.install, GUARD.installed, GUARD.uninstall
-RUNTIME_PATCHES = GUARD.hooks()
+install, installed, uninstall, RUNTIME_PATCHES = GUARD.bindings()

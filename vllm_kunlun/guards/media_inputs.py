@@ -175,5 +175,4 @@ _PATCHES = (
 
 
 GUARD = OptionalPatch(NAME, _PATCHES, "malformed media inputs are left to vLLM")
-install, installed, uninstall = GUARD.install, GUARD.installed, GUARD.uninstall
-RUNTIME_PATCHES = GUARD.hooks()
+install, installed, uninstall, RUNTIME_PATCHES = GUARD.bindings()

@@ -115,5 +115,4 @@ _PATCHES = tuple(
 GUARD = OptionalPatch(
     NAME, _PATCHES, "a missing local model path will surface as vLLM's own error"
 )
-install, installed, uninstall = GUARD.install, GUARD.installed, GUARD.uninstall
-RUNTIME_PATCHES = GUARD.hooks()
+install, installed, uninstall, RUNTIME_PATCHES = GUARD.bindings()

@@ -99,5 +99,4 @@ GUARD = OptionalPatch(
     "the server does not say what dtype and quantization it serves",
     only_where=API_SERVER,
 )
-install, installed, uninstall = GUARD.install, GUARD.installed, GUARD.uninstall
-RUNTIME_PATCHES = GUARD.hooks()
+install, installed, uninstall, RUNTIME_PATCHES = GUARD.bindings()

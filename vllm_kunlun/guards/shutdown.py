@@ -262,5 +262,4 @@ GUARD = OptionalPatch(
     "Ctrl-C / SIGTERM may wait for in-flight requests as long as their clients do",
     only_where=MODULE,
 )
-install, installed, uninstall = GUARD.install, GUARD.installed, GUARD.uninstall
-RUNTIME_PATCHES = GUARD.hooks()
+install, installed, uninstall, RUNTIME_PATCHES = GUARD.bindings()

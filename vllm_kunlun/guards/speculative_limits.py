@@ -119,5 +119,4 @@ PATCH = AttributePatch(
 
 
 GUARD = OptionalPatch(NAME, (PATCH,), "speculative configs are checked by vLLM alone")
-install, installed, uninstall = GUARD.install, GUARD.installed, GUARD.uninstall
-RUNTIME_PATCHES = GUARD.hooks()
+install, installed, uninstall, RUNTIME_PATCHES = GUARD.bindings()

@@ -95,5 +95,4 @@ PATCH = AttributePatch(
 GUARD = OptionalPatch(
     NAME, (PATCH,), "out-of-vocabulary prompt token ids are checked by vLLM alone"
 )
-install, installed, uninstall = GUARD.install, GUARD.installed, GUARD.uninstall
-RUNTIME_PATCHES = GUARD.hooks()
+install, installed, uninstall, RUNTIME_PATCHES = GUARD.bindings()

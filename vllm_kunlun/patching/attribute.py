@@ -17,7 +17,7 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from types import ModuleType
-from typing import Any
+from typing import Any, NamedTuple
 
 from vllm_kunlun.versions import WRITTEN_FOR_VLLM
 
@@ -232,7 +232,8 @@ class OptionalPatch:
     (``apply_group_or_warn``). ``only_where`` names a module that must already be
     imported for the entry to apply (the API server's: importing it only to patch it
     would cost seconds in every engine and worker process). A module binds its
-    ``install`` / ``installed`` / ``uninstall`` and ``RUNTIME_PATCHES`` from here."""
+    ``install`` / ``installed`` / ``uninstall`` and ``RUNTIME_PATCHES`` from
+    ``bindings()``."""
 
     def __init__(
         self,
@@ -261,6 +262,22 @@ class OptionalPatch:
     def hooks(self) -> dict[str, Callable[[Any], bool]]:
         """``phases.apply_phase``'s hook (patching/phases.py)."""
         return {self.name: lambda phase: self.install()}
+
+    def bindings(self) -> OptionalBindings:
+        """``install, installed, uninstall, RUNTIME_PATCHES = GUARD.bindings()``: the
+        names a guard or fix module binds (the last is ``phases.apply_phase``'s hook)."""
+        return OptionalBindings(
+            self.install, self.installed, self.uninstall, self.hooks()
+        )
+
+
+class OptionalBindings(NamedTuple):
+    """What a module built on one ``OptionalPatch`` exposes."""
+
+    install: Callable[[], bool]
+    installed: Callable[[], bool]
+    uninstall: Callable[[], None]
+    runtime_patches: dict[str, Callable[[Any], bool]]
 
 
 class PatchMismatch(RuntimeError):

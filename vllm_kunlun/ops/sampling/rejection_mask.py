@@ -78,5 +78,4 @@ FIX = OptionalPatch(
     (PATCH,),
     "allowed_token_ids with speculative decoding kills the engine (vLLM 0.15.1)",
 )
-install, installed, uninstall = FIX.install, FIX.installed, FIX.uninstall
-RUNTIME_PATCHES = FIX.hooks()
+install, installed, uninstall, RUNTIME_PATCHES = FIX.bindings()

@@ -327,5 +327,4 @@ FIX = OptionalPatch(
     (PATCH,),
     "JSON-schema answers may hold raw control characters in length-bounded strings",
 )
-install, installed, uninstall = FIX.install, FIX.installed, FIX.uninstall
-RUNTIME_PATCHES = FIX.hooks()
+install, installed, uninstall, RUNTIME_PATCHES = FIX.bindings()
