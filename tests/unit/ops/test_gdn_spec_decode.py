@@ -77,12 +77,18 @@ def _spec_inputs(lengths: list[int], seed: int) -> dict[str, torch.Tensor]:
         "v": torch.randn(1, t, hv, dv, generator=gen),
         "g": F.logsigmoid(torch.rand(1, t, hv, generator=gen) * 4),
         "beta": torch.rand(1, t, hv, generator=gen).sigmoid(),
-        "pool": torch.randn(12, hv, dk, dv, generator=gen),
+        "pool": torch.randn(16, hv, dk, dv, generator=gen),
     }
 
 
 @pytest.mark.parametrize(
-    ("lengths", "accepted"), [([3, 3], [1, 3]), ([4, 2, 4], [2, 1, 4]), ([2], [2])]
+    ("lengths", "accepted"),
+    [
+        ([3, 3], [1, 3]),
+        ([4, 2, 4], [2, 1, 4]),
+        ([2], [2]),
+        ([4, 4, 4, 4], [4, 1, 3, 2]),  # uniform: gathered once, one scatter each
+    ],
 )
 def test_recurrent_starts_at_the_accepted_slot_and_writes_one_slot_per_token(
     lengths: list[int], accepted: list[int]
@@ -126,3 +132,35 @@ def test_recurrent_starts_at_the_accepted_slot_and_writes_one_slot_per_token(
             )
             torch.testing.assert_close(out[:, s + t], o[:, 0], atol=TOL, rtol=TOL)
             torch.testing.assert_close(pool[slots[n, t]], h[0], atol=TOL, rtol=TOL)
+
+
+def test_recurrent_skips_a_pad_slot_and_writes_the_others() -> None:
+    # Equal lengths, but one token's slot is the pad id: that state is not written
+    # (the per-token path, not the one-scatter path), every other slot is, and the
+    # outputs are those of the same call with that slot real.
+    lengths, accepted = [3, 3], [2, 1]
+    x = _spec_inputs(lengths, seed=7)
+    cu = torch.tensor([0, 3, 6], dtype=torch.int32)
+    real = torch.tensor([[0, 1, 2], [3, 4, 5]], dtype=torch.int32)
+    padded = real.clone()
+    padded[1, 2] = P.PAD_SLOT_ID
+
+    def call(slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        pool = x["pool"].clone()
+        out = P.recurrent_gated_delta_rule(
+            *(x[name] for name in ("q", "k", "v", "g", "beta")),
+            16**-0.5,
+            pool,
+            cu,
+            slots,
+            True,
+            torch.tensor(accepted, dtype=torch.int32),
+        )
+        return out, pool
+
+    want_out, want_pool = call(real)
+    got_out, got_pool = call(padded)
+    torch.testing.assert_close(got_out, want_out, atol=0, rtol=0)
+    torch.testing.assert_close(got_pool[5], x["pool"][5], atol=0, rtol=0)
+    keep = [i for i in range(16) if i != 5]
+    torch.testing.assert_close(got_pool[keep], want_pool[keep], atol=0, rtol=0)

@@ -375,8 +375,19 @@ def _recurrent_per_token_states(
         return out.unsqueeze(0)
     first = torch.tensor([slots[n][accepted[n] - 1] for n in live], device=state.device)
     h = state.index_select(0, first).to(torch.float32)  # [n, HV, dk, dv]
-    starts = torch.tensor([bounds[n][0] for n in live], device=vf.device)
     lengths = [bounds[n][1] - bounds[n][0] for n in live]
+    uniform = all(length == lengths[0] for length in lengths)
+    dst = [slots[n][t] for n in live for t in range(lengths[0])] if uniform else []
+    if (
+        uniform
+        and PAD_SLOT_ID not in dst
+        and len(set(dst)) == len(dst)
+    ):
+        _uniform_per_token_states(
+            qf, kf, vf, gf, bf, out, state, h, [bounds[n][0] for n in live], dst
+        )
+        return out.unsqueeze(0)
+    starts = torch.tensor([bounds[n][0] for n in live], device=vf.device)
     for t in range(max(lengths)):
         rows = [i for i, length in enumerate(lengths) if t < length]
         sel = torch.tensor(rows, device=vf.device)
@@ -393,6 +404,48 @@ def _recurrent_per_token_states(
             dst = torch.tensor([slot for _, slot in writes], device=state.device)
             state.index_copy_(0, dst, h_t.index_select(0, src).to(state.dtype))
     return out.unsqueeze(0)
+
+
+def _uniform_per_token_states(
+    qf: torch.Tensor,
+    kf: torch.Tensor,
+    vf: torch.Tensor,
+    gf: torch.Tensor,
+    bf: torch.Tensor,
+    out: torch.Tensor,
+    state: torch.Tensor,
+    h: torch.Tensor,
+    starts: list[int],
+    dst: list[int],
+) -> None:
+    """``_recurrent_per_token_states`` when every live sequence has the same length
+    ``L`` (a speculative decode step: ``num_spec + 1`` tokens each) and its ``n * L``
+    state slots are distinct and real: the inputs gathered once as ``[n, L, ...]``,
+    the outputs and the per-token states written in one scatter each (the same
+    arithmetic, in the same order, as the general loop)."""
+    n, length = len(starts), len(dst) // len(starts)
+    pos = (
+        torch.tensor(starts, device=vf.device)[:, None]
+        + torch.arange(length, device=vf.device)[None, :]
+    ).reshape(-1)
+    q, k, v, g, b = (
+        x.index_select(0, pos).unflatten(0, (n, length)) for x in (qf, kf, vf, gf, bf)
+    )
+    decay = g.exp()[..., None, None]  # [n, L, HV, 1, 1]
+    # Row vectors for the batched products: k_t^T S as [n, HV, 1, dk] @ [n, HV, dk, dv]
+    # (what the general loop's einsum computes, without parsing its equation per call).
+    q_row, k_row = q.unsqueeze(-2), k.unsqueeze(-2)
+    k_col, b_col = k.unsqueeze(-1), b.unsqueeze(-1)
+    outs, states = [], []
+    for t in range(length):
+        h = h * decay[:, t]
+        u = (v[:, t] - (k_row[:, t] @ h).squeeze(-2)) * b_col[:, t]
+        h = h + k_col[:, t] * u.unsqueeze(-2)
+        outs.append((q_row[:, t] @ h).squeeze(-2))
+        states.append(h)
+    out.index_copy_(0, pos, torch.stack(outs, dim=1).flatten(0, 1))
+    written = torch.stack(states, dim=1).flatten(0, 1).to(state.dtype)
+    state.index_copy_(0, torch.tensor(dst, device=state.device), written)
 
 
 def _chunked_sequence(
