@@ -378,11 +378,7 @@ def _recurrent_per_token_states(
     lengths = [bounds[n][1] - bounds[n][0] for n in live]
     uniform = all(length == lengths[0] for length in lengths)
     dst = [slots[n][t] for n in live for t in range(lengths[0])] if uniform else []
-    if (
-        uniform
-        and PAD_SLOT_ID not in dst
-        and len(set(dst)) == len(dst)
-    ):
+    if uniform and PAD_SLOT_ID not in dst and len(set(dst)) == len(dst):
         _uniform_per_token_states(
             qf, kf, vf, gf, bf, out, state, h, [bounds[n][0] for n in live], dst
         )
