@@ -20,7 +20,8 @@ Spec: {"backend": "vllm" | "hf", "model": DIR, "llm": {LLM kwargs},
        "hf_attn": transformers' attn_implementation for the reference ("eager": its
                   modeling code's own attention, which alone applies Gemma 2's
                   soft-cap; default: transformers' choice),
-       "metrics": bool (record vLLM's spec_decode counters after the jobs),
+       "metrics": bool (record vLLM's spec_decode counters after the jobs, and
+                  after each job in "job_metrics": cumulative, job by job),
        "post": "module:function" run after the engine jobs with (spec, result),
        "distribution": [job names] (their sampled tokens against transformers'
                        distribution: sampling_reference.reference_pit)}
@@ -34,6 +35,7 @@ Result: {"jobs": {name: [{"prompt_token_ids", "token_ids", "text",
          "num_cached_tokens", "logprobs", "top_logprobs"}] or [{"error": str | None}]},
          "hf": {name: [...]}, "hf_also": {name: [...]}, "post": ...,
          "exponential_calls": [stack], "serving": [...], "metrics": {name: value},
+         "job_metrics": {job name: {name: value} after it},
          "ranks": [RankProbe records, one per rank], "distribution": {name: [u]},
          "error": str | None}
 """
@@ -147,6 +149,8 @@ def run_vllm(spec: dict[str, Any]) -> dict[str, Any]:
                 result["jobs"][job["name"]] = [{"error": error}]
                 continue
             outputs = llm.generate(prompts, params, use_tqdm=False)
+            if spec.get("metrics"):
+                result.setdefault("job_metrics", {})[job["name"]] = spec_counters(llm)
             result["jobs"][job["name"]] = [
                 {
                     "prompt_token_ids": list(o.prompt_token_ids or []),
@@ -161,11 +165,7 @@ def run_vllm(spec: dict[str, Any]) -> dict[str, Any]:
         if spec.get("metrics"):
             # vLLM's own counters (speculative decoding's drafts and acceptances);
             # the LLM needs disable_log_stats=False.
-            result["metrics"] = {
-                m.name: getattr(m, "value", None) or getattr(m, "values", None)
-                for m in llm.get_metrics()
-                if m.name.startswith("vllm:spec_decode")
-            }
+            result["metrics"] = spec_counters(llm)
         # After the jobs: the report counts the kernel calls that served them.
         result["serving"] = llm.collective_rpc(SERVING_INFO_METHOD)
         if probe is not None:
@@ -194,6 +194,15 @@ def run_vllm(spec: dict[str, Any]) -> dict[str, Any]:
     except Exception as exc:
         result["error"] = f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}"
     return result
+
+
+def spec_counters(llm: Any) -> dict[str, Any]:
+    """vLLM's spec_decode counters (cumulative since the engine started)."""
+    return {
+        m.name: getattr(m, "value", None) or getattr(m, "values", None)
+        for m in llm.get_metrics()
+        if m.name.startswith("vllm:spec_decode")
+    }
 
 
 def chosen_logprobs(completion: Any) -> list[float] | None:

@@ -36,6 +36,30 @@ GREEDY_JOBS = [
         "requests": [req(LONG_PROMPT, GREEDY_TOKENS), req("day", GREEDY_TOKENS)],
     },
 ]
+# Greedy in the trained language alone: the head's drafts are right here (by hand, 100 %
+# of the first three drafts on such prompts), so vLLM's counters after this job show
+# what the draft path accepts of a head that predicts (job_acceptance).
+IN_LANGUAGE = {
+    "name": "in_language",
+    "requests": [req(p, 24) for p in language_prompts([16, 5, 11, 16], seed=9)],
+}
+ACCEPTED = "vllm:spec_decode_num_accepted_tokens"
+DRAFTED = "vllm:spec_decode_num_draft_tokens"
+
+
+def job_acceptance(run: dict, name: str) -> tuple[int, int]:
+    """(accepted, drafted) tokens of job ``name`` alone: vLLM's cumulative counters
+    after it minus those after the job before it (e2e_runner's ``job_metrics``)."""
+    names = list(run["job_metrics"])
+    after = run["job_metrics"][name]
+    i = names.index(name)
+    before = run["job_metrics"][names[i - 1]] if i else {}
+    return (
+        int((after.get(ACCEPTED) or 0) - (before.get(ACCEPTED) or 0)),
+        int((after.get(DRAFTED) or 0) - (before.get(DRAFTED) or 0)),
+    )
+
+
 SEEDED = req(LANG[5], 12, temperature=3.0, seed=44)
 ALLOWED_IDS = [10, 11, 12]
 ALLOWED_JOB = {

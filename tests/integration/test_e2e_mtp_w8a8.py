@@ -7,9 +7,10 @@ One engine (multiprocessing, 2 speculative tokens): every quantized layer of the
 is served by the plugin's int8 kernel; greedy output equals the float64
 same-quantization reference (``w8a8_reference.post_float64``: speculation must not
 change it); drafts are accepted (vLLM's counters: a head loaded as garbage, the NaN /
-"!!!!" failure reported elsewhere, is rejected at every step). A second start with
-the head's int8 tensors but a quantization config that leaves the head float fails
-naming ``mtp.fc.weight``.
+"!!!!" failure reported elsewhere, is rejected at every step; the trained head's
+in-language drafts are all right, and 95 % of them must be accepted). A second start
+with the head's int8 tensors but a quantization config that leaves the head float
+fails naming ``mtp.fc.weight``.
 """
 
 from __future__ import annotations
@@ -23,7 +24,13 @@ import pytest
 
 from tests.conftest import run_python
 from tests.integration.engine_specs import run_spec
-from tests.integration.mtp_jobs import GREEDY_JOBS, LLM_ARGS, trained_model_dir
+from tests.integration.mtp_jobs import (
+    GREEDY_JOBS,
+    IN_LANGUAGE,
+    LLM_ARGS,
+    job_acceptance,
+    trained_model_dir,
+)
 from tests.integration.w8a8_reference import assert_greedy_matches
 from vllm_kunlun.demo.tiny_quant import ensure_tiny_w8a8, w8a8_cache_dir
 from vllm_kunlun.demo.tiny_qwen3_5_mtp import TinyQwen3_5MtpSpec
@@ -31,6 +38,7 @@ from vllm_kunlun.demo.tiny_qwen3_5_mtp import TinyQwen3_5MtpSpec
 pytestmark = pytest.mark.slow
 
 INT8_KERNEL = "vllm_kunlun.ops.int8.int8_kernel.KunlunInt8ScaledMMLinearKernel"
+JOBS = [IN_LANGUAGE, *GREEDY_JOBS[:2]]
 
 
 @pytest.fixture(scope="module")
@@ -50,7 +58,7 @@ def run(model_dir: str, tmp_path_factory: pytest.TempPathFactory) -> dict[str, A
             "speculative_config": {"method": "mtp", "num_speculative_tokens": 2},
         },
         "metrics": True,
-        "jobs": GREEDY_JOBS[:2],
+        "jobs": JOBS,
         "post": "w8a8_reference:post_float64",
     }
     return run_spec(spec, tmp_path_factory.mktemp("mtp_w8a8"), "mtp_w8a8", timeout=900)
@@ -73,7 +81,7 @@ def test_greedy_with_an_int8_head_equals_the_same_quantization_reference(
     run: dict[str, Any],
 ) -> None:
     post = run["post"]
-    for job in GREEDY_JOBS[:2]:
+    for job in JOBS:
         name = job["name"]
         rows = list(
             zip(
@@ -87,13 +95,16 @@ def test_greedy_with_an_int8_head_equals_the_same_quantization_reference(
 
 
 def test_the_int8_head_drafts_are_accepted(run: dict[str, Any]) -> None:
-    # A NaN or misread int8 head accepts next to nothing. Measured 49 of 140 drafts
-    # (35%) on the merged tree, whose composite carries the vision tokens (more than
-    # half before that); the bound is below both.
+    # A NaN or misread int8 head accepts next to nothing. Measured with the head
+    # trained on its language (tiny_qwen3_5_mtp train_format 2): 64 of 64 drafts in
+    # the in-language job, 146 of 152 over all jobs (the English prompt's drafts are
+    # the ones rejected); 35 % over all jobs before the language was fixed.
+    accepted, drafted = job_acceptance(run, IN_LANGUAGE["name"])
+    assert drafted > 0 and accepted >= 0.95 * drafted, (accepted, drafted)
     m = run["metrics"]
     assert (
         m["vllm:spec_decode_num_accepted_tokens"]
-        > 0.25 * (m["vllm:spec_decode_num_draft_tokens"])
+        > 0.8 * (m["vllm:spec_decode_num_draft_tokens"])
     ), m
 
 
