@@ -221,33 +221,37 @@ def trained_weights(spec: TinyQwen3_5MtpSpec, vocab_size: int) -> dict:
     w.pop("mtp.fc.weight", None)  # replaced by the trained head
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
-    try:
-        # Every tensor of the text model comes from the checkpoint (strict load);
-        # the head's initial weights from a generator of its own, seeded here, and
-        # torch's global one left as the caller had it.
-        model = _text_model(spec, vocab_size, w)
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(SEED + 13)
+    # torch's global generator is left as the caller had it (fork_rng), and nothing
+    # below depends on its state: every tensor of the text model comes from the
+    # checkpoint (strict load), the head's initial weights are drawn right after
+    # seeding it here, the language and the batches have generators of their own.
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(SEED + 13)
+        head_init = torch.get_rng_state()
+        try:
+            model = _text_model(spec, vocab_size, w)
+            torch.set_rng_state(head_init)
             head = _Head(model)
-        params = list(model.parameters()) + list(head.modules.parameters())
-        opt = torch.optim.Adam(params, lr=spec.learning_rate)
-        table = language(vocab_size)
-        gen = torch.Generator().manual_seed(SEED + 11)  # the training batches
-        length = spec.train_length
-        for _ in range(spec.train_steps):
-            x = sample(table, spec.train_batch, length, gen)
-            # The final (normed) hidden states: what vLLM's proposer hands the head.
-            hidden = model.model(input_ids=x, use_cache=False).last_hidden_state
-            logits = model.lm_head(hidden)
-            main = F.cross_entropy(
-                logits[:, :-1].reshape(-1, vocab_size), x[:, 1:].reshape(-1)
-            )
-            mtp = head.loss(x, hidden, spec.draft_steps)
-            opt.zero_grad()
-            (main + mtp).backward()
-            opt.step()
-    finally:
-        torch.set_num_threads(threads)
+            params = list(model.parameters()) + list(head.modules.parameters())
+            opt = torch.optim.Adam(params, lr=spec.learning_rate)
+            table = language(vocab_size)
+            gen = torch.Generator().manual_seed(SEED + 11)  # the training batches
+            length = spec.train_length
+            for _ in range(spec.train_steps):
+                x = sample(table, spec.train_batch, length, gen)
+                # The final (normed) hidden states: what vLLM's proposer hands the
+                # head.
+                hidden = model.model(input_ids=x, use_cache=False).last_hidden_state
+                logits = model.lm_head(hidden)
+                main = F.cross_entropy(
+                    logits[:, :-1].reshape(-1, vocab_size), x[:, 1:].reshape(-1)
+                )
+                mtp = head.loss(x, hidden, spec.draft_steps)
+                opt.zero_grad()
+                (main + mtp).backward()
+                opt.step()
+        finally:
+            torch.set_num_threads(threads)
     for name, tensor in model.state_dict().items():
         key = name if name == "lm_head.weight" else TEXT_PREFIX + name[len("model.") :]
         w[key] = tensor.detach().clone().contiguous()
