@@ -605,6 +605,16 @@ def test_hybrid_with_mtp_serves_prompts_up_to_the_context_length(
     message = answer["error"]["message"]
     assert "1020 tokens" in message and "defaults to 16" in message, message
     assert f"{MAX_MODEL_LEN} tokens" in message, message
+    # max_tokens null (as many as fit) and a prompt that fills the context.
+    status, answer = post_json(
+        hybrid_server,
+        "/v1/completions",
+        {"model": NAME, "prompt": [11] * MAX_MODEL_LEN, "max_tokens": None},
+    )
+    assert status == 400 and answer["error"]["param"] == "max_tokens", answer
+    message = answer["error"]["message"]
+    assert f"{MAX_MODEL_LEN} tokens and max_tokens is null" in message, message
+    assert "no room for one output token" in message, message
     # A prompt longer than the context alone keeps vLLM's message.
     status, answer = post_json(
         hybrid_server,

@@ -18,7 +18,10 @@ How: ``OpenAIServingCompletion.render_completion_request`` (the completion and
 longer than ``max_model_len``, with its own message), and each rendered prompt is then
 checked against ``max_model_len - max_tokens``: one that does not fit gets vLLM's own
 ``create_error_response`` (400, ``param`` ``max_tokens``) with the numbers and the fix.
-Requests without ``max_tokens`` (``null``) or outside that range keep vLLM's path.
+A request whose ``max_tokens`` is ``null`` (as many as fit) is rendered as it
+is, and a prompt that leaves no room for one output token gets the same kind of 400
+(vLLM said only "max_tokens must be at least 1, got 0"). A ``max_tokens`` outside that
+range keeps vLLM's path.
 Installed with the engine guards where vLLM's API server is imported (``vllm serve``).
 Removal: when vLLM's completion route names max_tokens in its context-length message.
 """
@@ -80,24 +83,44 @@ def context_problem(
     )
 
 
+def no_room_problem(lengths: Sequence[int], max_model_len: int) -> str | None:
+    """Why prompts of ``lengths`` tokens leave no room for one output token under
+    ``max_tokens`` null (as many as fit), or None."""
+    if not lengths or max(lengths) < max_model_len:
+        return None
+    longest = max(lengths)
+    return (
+        f"The prompt has {longest} tokens and max_tokens is null (as many as fit): "
+        f"no room for one output token in this model's maximum context length of "
+        f"{max_model_len} tokens (--max-model-len); send a prompt of at most "
+        f"{max_model_len - 1} tokens."
+    )
+
+
 def _make(original: Any) -> Any:
     @functools.wraps(original)
     async def render_completion_request(self: Any, request: Any) -> Any:
         max_model_len = getattr(self, "max_model_len", None)
         max_tokens = getattr(request, "max_tokens", None)
-        if (
-            not isinstance(max_model_len, int)
-            or not isinstance(max_tokens, int)
-            or not 0 <= max_tokens <= max_model_len
+        if not isinstance(max_model_len, int) or not (
+            max_tokens is None
+            or (isinstance(max_tokens, int) and 0 <= max_tokens <= max_model_len)
         ):
             return await original(self, request)
-        rendered = await original(self, request.model_copy(update={"max_tokens": None}))
+        if max_tokens is None:
+            rendered = await original(self, request)
+        else:
+            unbounded = request.model_copy(update={"max_tokens": None})
+            rendered = await original(self, unbounded)
         if not isinstance(rendered, list):
             return rendered  # vLLM's own error response
         lengths = [prompt_length(prompt) for prompt in rendered]
         known = [n for n in lengths if n is not None]
-        defaulted = "max_tokens" not in request.model_fields_set
-        problem = context_problem(known, max_tokens, defaulted, max_model_len)
+        if max_tokens is None:
+            problem = no_room_problem(known, max_model_len)
+        else:
+            defaulted = "max_tokens" not in request.model_fields_set
+            problem = context_problem(known, max_tokens, defaulted, max_model_len)
         if problem is not None:
             return self.create_error_response(problem, param="max_tokens")
         return rendered

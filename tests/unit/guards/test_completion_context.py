@@ -92,8 +92,20 @@ def test_the_wrapper_renders_without_max_tokens_then_checks_the_sum() -> None:
     assert "Prompt 2 of 2 has 60 tokens" in handler.errors[1][0]
 
 
-@pytest.mark.parametrize("max_tokens", [None, 65, -1])
-def test_requests_outside_the_range_keep_vllms_path(max_tokens: int | None) -> None:
+def test_null_max_tokens_needs_room_for_one_token() -> None:
+    handler = _Handler()
+    assert run(handler, prompt=[7] * 63, max_tokens=None) == [
+        {"prompt_token_ids": [7] * 63}
+    ]
+    assert run(handler, prompt=[7] * 64, max_tokens=None) == "error"
+    message, param = handler.errors[0]
+    assert param == "max_tokens"
+    assert message.startswith("The prompt has 64 tokens and max_tokens is null")
+    assert "no room for one output token" in message and "64 tokens" in message
+
+
+@pytest.mark.parametrize("max_tokens", [65, -1])
+def test_requests_outside_the_range_keep_vllms_path(max_tokens: int) -> None:
     handler = _Handler()
     request = CompletionRequest.model_construct(
         model="m", prompt=[7] * 70, max_tokens=max_tokens
