@@ -547,3 +547,94 @@ def test_hybrid_reasoning_parser_splits_reasoning_from_content(
     hybrid_client: openai.OpenAI,
 ) -> None:
     check_reasoning_split(hybrid_client)
+
+
+MAX_MODEL_LEN = 1024  # SERVE_ARGS
+
+
+def post_json(
+    server: ServerProcess, path: str, body: dict[str, Any]
+) -> tuple[int, Any]:
+    request = urllib.request.Request(
+        f"{server.url}{path}",
+        json.dumps(body).encode(),
+        {"Content-Type": "application/json"},
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=TIMEOUT) as resp:
+            return resp.status, json.loads(resp.read())
+    except urllib.error.HTTPError as err:
+        return err.code, json.loads(err.read())
+
+
+def test_hybrid_with_mtp_serves_prompts_up_to_the_context_length(
+    hybrid_server: ServerProcess,
+) -> None:
+    """A prompt of max_model_len - k tokens with max_tokens k fits under MTP (vLLM
+    caps the drafts' lookahead at max_model_len): every token asked for comes back.
+    One more is a 400 naming the prompt length, max_tokens and max_model_len, not
+    vLLM 0.15.1's "maximum context length is <max_model_len - max_tokens>" (which,
+    with max_tokens = num_speculative_tokens, read as drafts counted against the
+    prompt); /v1/completions' default max_tokens (16) is named when it is the cause."""
+    for k in (1, 2, 3):
+        prompt = [11] * (MAX_MODEL_LEN - k)
+        body = {"model": NAME, "prompt": prompt, "temperature": 0, "ignore_eos": True}
+        status, answer = post_json(
+            hybrid_server, "/v1/completions", {**body, "max_tokens": k}
+        )
+        assert status == 200, answer
+        assert answer["usage"]["completion_tokens"] == k
+        assert answer["choices"][0]["finish_reason"] == "length"
+        status, answer = post_json(
+            hybrid_server, "/v1/completions", {**body, "max_tokens": k + 1}
+        )
+        assert status == 400, answer
+        error = answer["error"]
+        assert error["param"] == "max_tokens", error
+        message = error["message"]
+        assert f"{MAX_MODEL_LEN - k} tokens" in message, message
+        assert f"max_tokens is {k + 1}" in message, message
+        assert f"{MAX_MODEL_LEN} tokens" in message, message
+        assert f"at most {k}" in message, message
+        assert f"is {MAX_MODEL_LEN - k - 1} tokens" not in message, message
+    # No max_tokens: /v1/completions asks for 16 (the OpenAI API's default).
+    status, answer = post_json(
+        hybrid_server, "/v1/completions", {"model": NAME, "prompt": [11] * 1020}
+    )
+    assert status == 400, answer
+    message = answer["error"]["message"]
+    assert "1020 tokens" in message and "defaults to 16" in message, message
+    assert f"{MAX_MODEL_LEN} tokens" in message, message
+    # max_tokens null (as many as fit) and a prompt that fills the context.
+    status, answer = post_json(
+        hybrid_server,
+        "/v1/completions",
+        {"model": NAME, "prompt": [11] * MAX_MODEL_LEN, "max_tokens": None},
+    )
+    assert status == 400 and answer["error"]["param"] == "max_tokens", answer
+    message = answer["error"]["message"]
+    assert f"{MAX_MODEL_LEN} tokens and max_tokens is null" in message, message
+    assert "no room for one output token" in message, message
+    # A prompt longer than the context alone keeps vLLM's message.
+    status, answer = post_json(
+        hybrid_server,
+        "/v1/completions",
+        {"model": NAME, "prompt": [11] * (MAX_MODEL_LEN + 1), "max_tokens": 1},
+    )
+    assert status == 400 and answer["error"]["param"] == "input_tokens", answer
+    assert f"{MAX_MODEL_LEN + 1} input tokens" in answer["error"]["message"]
+    # The chat route without max_tokens generates up to the context length.
+    status, answer = post_json(
+        hybrid_server,
+        "/v1/chat/completions",
+        {
+            "model": NAME,
+            "messages": [{"role": "user", "content": "a " * 900}],
+            "temperature": 0,
+            "ignore_eos": True,
+        },
+    )
+    assert status == 200, answer
+    usage = answer["usage"]
+    assert usage["prompt_tokens"] + usage["completion_tokens"] == MAX_MODEL_LEN, usage
+    assert hybrid_server.proc.poll() is None and engine_core_alive(hybrid_server)

@@ -506,6 +506,19 @@ REGISTRY: tuple[RuntimePatch, ...] = (
         "vLLM refuses the removed guided_* fields itself",
     ),
     RuntimePatch(
+        "completion_context_length",
+        "vllm_kunlun.guards.completion_context",
+        (
+            "vllm.entrypoints.openai.completion.serving."
+            "OpenAIServingCompletion.render_completion_request",
+        ),
+        "a completion whose prompt plus max_tokens does not fit is refused as "
+        "'maximum context length is <max_model_len - max_tokens>', naming neither "
+        "max_tokens nor its default (read as MTP drafts counted against the prompt)",
+        _FRONT,
+        "vLLM's completion route names max_tokens in its context-length message",
+    ),
+    RuntimePatch(
         "strict_json_strings",
         "vllm_kunlun.ops.structured.json_strings",
         ("vllm.v1.structured_output.backend_xgrammar.XgrammarBackend.compile_grammar",),
