@@ -92,8 +92,8 @@ def exit_cause(exitcode: int | None) -> str:
         if -exitcode == signal.SIGKILL:
             return (
                 f"killed by {name}: most likely the out-of-memory killer (see `dmesg`; "
-                "lower --max-model-len, --max-num-seqs or --gpu-memory-utilization, or "
-                "free host memory), or another process killed it"
+                "free host memory, or lower --max-model-len or --max-num-seqs), or "
+                "another process killed it"
             )
         return f"killed by {name}"
     return f"it exited with status {exitcode}: its log above says why"
