@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import multiprocessing
 import os
 import signal
+import subprocess
 import time
 from collections.abc import Iterator
 from types import SimpleNamespace
@@ -40,17 +40,32 @@ class _Finalizer:
     alive = False
 
 
-def _engine(rank: int = 0) -> Any:
-    proc = multiprocessing.get_context("fork").Process(
-        target=time.sleep, args=(60,), name=f"EngineCore_DP{rank}", daemon=True
-    )
-    proc.start()
-    return proc
+class _Engine:
+    """A child process as the watchdog sees vLLM's engine core process: ``name``,
+    ``pid``, ``sentinel`` (a pidfd: readable once it exits), ``join``, ``exitcode``
+    (minus the signal that killed it). A subprocess, not a fork of this threaded one."""
+
+    def __init__(self, rank: int) -> None:
+        self.name = f"EngineCore_DP{rank}"
+        self._popen = subprocess.Popen(["sleep", "60"])
+        self.pid = self._popen.pid
+        self.sentinel = os.pidfd_open(self.pid)
+
+    def join(self, timeout: float | None = None) -> None:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self._popen.wait(timeout)
+
+    def is_alive(self) -> bool:
+        return self._popen.poll() is None
+
+    @property
+    def exitcode(self) -> int | None:
+        return self._popen.poll()
 
 
 @contextlib.contextmanager
 def _engines(*ranks: int) -> Iterator[list[Any]]:
-    procs = [_engine(rank) for rank in ranks]
+    procs = [_Engine(rank) for rank in ranks]
     try:
         yield procs
     finally:
@@ -58,6 +73,7 @@ def _engines(*ranks: int) -> Iterator[list[Any]]:
             if proc.is_alive():
                 os.kill(proc.pid, signal.SIGKILL)
             proc.join(5)
+            os.close(proc.sentinel)
 
 
 def _launcher(manager: Any, address: str) -> Any:
@@ -117,8 +133,12 @@ def _client_up(manager: Any) -> None:
     started: list[Any] = []
     monitor = esd._make_start_monitor(started.append)
     client = SimpleNamespace(resources=SimpleNamespace(engine_manager=manager))
+    dog = esd._WATCHDOGS.get(manager)
     monitor(client)
     assert started == [client]
+    if dog is not None:  # it stops within its poll interval
+        dog.thread.join(5)
+        assert not dog.thread.is_alive()
 
 
 def test_without_the_patch_a_dead_engine_leaves_the_wait_empty() -> None:
