@@ -41,6 +41,7 @@ import functools
 import multiprocessing.connection
 import re
 import signal
+import sys
 import threading
 import time
 import weakref
@@ -167,7 +168,7 @@ class Watchdog:
         identity = engine_identity(process)
         _logger().error(
             "vllm-kunlun: engine core process %s (pid %s) died after its startup "
-            "handshake, before the client connected to it: %s. Ending the client's "
+            "handshake, before the client heard from it: %s. Ending the client's "
             "wait for it (VLLM_ENGINE_READY_TIMEOUT_S, up to %s s) now.",
             process.name,
             process.pid,
@@ -178,13 +179,22 @@ class Watchdog:
             return
         import zmq
 
-        if self._ctx is None:
-            self._ctx = zmq.Context()
-        socket = self._ctx.socket(zmq.DEALER)
-        socket.setsockopt(zmq.IDENTITY, identity)
-        socket.connect(self.input_address)
-        socket.send(b"")
-        self._sockets.append(socket)
+        try:
+            if self._ctx is None:
+                self._ctx = zmq.Context()
+            socket = self._ctx.socket(zmq.DEALER)
+            self._sockets.append(socket)
+            socket.setsockopt(zmq.IDENTITY, identity)
+            socket.connect(self.input_address)
+            socket.send(b"")
+        except zmq.ZMQError as exc:
+            _logger().warning(
+                "vllm-kunlun: could not end the client's wait for %s (%s): it waits "
+                "until VLLM_ENGINE_READY_TIMEOUT_S",
+                process.name,
+                exc,
+            )
+            return
         self.spoken_for.append(identity)
 
     def _close(self) -> None:
@@ -197,8 +207,6 @@ class Watchdog:
 
 
 def _ready_timeout_s() -> Any:
-    import sys
-
     return getattr(sys.modules.get(MODULE), "VLLM_ENGINE_READY_TIMEOUT_S", 600)
 
 
