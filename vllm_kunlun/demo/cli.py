@@ -7,9 +7,12 @@ module to build its parser.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import logging
 import os
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -305,6 +308,79 @@ def _log_tail(path: Path, lines: int = 40) -> str:
         return f"(cannot read {path}: {exc})\n"
 
 
+def engine_died(exc: BaseException | None) -> bool:
+    """Whether ``exc`` (or what caused it) is vLLM's ``EngineDeadError``: the engine
+    core process died. Never imports vLLM (an error raised before vLLM was imported is
+    not an engine death)."""
+    exceptions = sys.modules.get("vllm.v1.engine.exceptions")
+    dead = getattr(exceptions, "EngineDeadError", None)
+    seen: set[int] = set()
+    while dead is not None and exc is not None and id(exc) not in seen:
+        if isinstance(exc, dead):
+            return True
+        seen.add(id(exc))
+        exc = exc.__cause__ or exc.__context__
+    return False
+
+
+def engine_death_message(log_file: Path | None) -> str:
+    """The one line a demo whose engine core died ends with: the death, its usual
+    cause and what to do."""
+    where = (
+        f"vLLM's log ({log_file}) names the process"
+        if log_file is not None
+        else "vLLM's log above names the process"
+    )
+    return (
+        "vllm-kunlun demo: vLLM's engine core process died (EngineDeadError); "
+        f"{where}. The usual cause is the out-of-memory killer (see `dmesg`): free "
+        "host memory or lower --max-model-len, then run the demo again."
+    )
+
+
+def _engine_death_ends_the_demo(args: argparse.Namespace, log_file: Path | None) -> int:
+    message = engine_death_message(log_file)
+    print(message, file=sys.stderr, flush=True)
+    error = {"exit_code": 1, "error": message, "cause": "engine core died"}
+    if args.json_out:
+        with open(args.json_out, "w") as f:
+            json.dump(error, f, indent=2)
+    if args.json:
+        print(json.dumps(error, indent=2), flush=True)
+    return 1
+
+
+@contextlib.contextmanager
+def _warnings_to_terminal(logger_name: str) -> Iterator[None]:
+    """Warnings of ``logger_name`` reach this terminal's stderr while the block sends
+    the process's output to a log file (they reach the file too)."""
+    fd = _fileno(sys.stderr)
+    stream = sys.stderr if fd is None else open(os.dup(fd), "w", encoding="utf-8")  # noqa: SIM115
+    handler = logging.StreamHandler(stream)
+    handler.setLevel(logging.WARNING)
+    logger = logging.getLogger(logger_name)
+    logger.addHandler(handler)
+    try:
+        yield
+    finally:
+        logger.removeHandler(handler)
+        handler.flush()
+        if stream is not sys.stderr:
+            stream.close()
+
+
+def _fileno(stream: Any) -> int | None:
+    try:
+        return int(stream.fileno())
+    except (AttributeError, OSError, ValueError):  # pytest's capsys, StringIO
+        return None
+
+
+# The logger of tiny_model.ensure_complete, whose "rebuilding it" warning the user must
+# see (vllm_kunlun.logger names the plugin's loggers under vLLM's).
+REBUILD_LOGGER = "vllm.vllm_kunlun.demo.tiny_model"
+
+
 def run_demo_command(args: argparse.Namespace) -> int:
     from vllm_kunlun.demo.run import DEFAULT_PROMPTS, choose_platform, run_demo
 
@@ -322,32 +398,42 @@ def run_demo_command(args: argparse.Namespace) -> int:
         )
 
     mode = "host emulation" if choice.emulation else "KunlunPlatform"
-    if args.json:
-        # The CLI already sends everything but the report to stderr.
-        report = demo()
-    elif args.verbose:
-        print(f"vllm-kunlun demo: starting vLLM's engine ({mode})...", flush=True)
-        report = demo()
-    else:
-        log_file = Path(args.log_file) if args.log_file else default_log_file()
-        log_file.parent.mkdir(parents=True, exist_ok=True)
-        print(
-            f"vllm-kunlun demo: starting vLLM's engine ({mode}); vLLM's log: "
-            f"{log_file} (-v shows it here)",
-            flush=True,
-        )
-        try:
-            with output_to_file(str(log_file)) as log:
-                log.write(f"\n=== vllm-kunlun demo, pid {os.getpid()} ===\n")
-                report = demo()
-        except BaseException:
+    log_file: Path | None = None
+    try:
+        if args.json:
+            # The CLI already sends everything but the report to stderr.
+            report = demo()
+        elif args.verbose:
+            print(f"vllm-kunlun demo: starting vLLM's engine ({mode})...", flush=True)
+            report = demo()
+        else:
+            log_file = Path(args.log_file) if args.log_file else default_log_file()
+            log_file.parent.mkdir(parents=True, exist_ok=True)
             print(
-                f"vllm-kunlun demo failed; the end of vLLM's log ({log_file}):\n"
-                + _log_tail(log_file),
-                file=sys.stderr,
+                f"vllm-kunlun demo: starting vLLM's engine ({mode}); vLLM's log: "
+                f"{log_file} (-v shows it here)",
                 flush=True,
             )
+            try:
+                with (
+                    _warnings_to_terminal(REBUILD_LOGGER),
+                    output_to_file(str(log_file)) as log,
+                ):
+                    log.write(f"\n=== vllm-kunlun demo, pid {os.getpid()} ===\n")
+                    report = demo()
+            except BaseException as exc:
+                if not engine_died(exc):
+                    print(
+                        f"vllm-kunlun demo failed; the end of vLLM's log ({log_file}):\n"
+                        + _log_tail(log_file),
+                        file=sys.stderr,
+                        flush=True,
+                    )
+                raise
+    except Exception as exc:
+        if not engine_died(exc):
             raise
+        return _engine_death_ends_the_demo(args, log_file)
     if args.json_out:
         with open(args.json_out, "w") as f:
             json.dump(report.to_dict(), f, indent=2)

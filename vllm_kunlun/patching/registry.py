@@ -413,6 +413,19 @@ REGISTRY: tuple[RuntimePatch, ...] = (
         "vLLM's sync client wakes its waiters when the engine dies",
     ),
     RuntimePatch(
+        "client_engine_start_death",
+        "vllm_kunlun.guards.engine_start_death",
+        (
+            "vllm.v1.engine.core_client.launch_core_engines",
+            "vllm.v1.engine.core_client.MPClient.start_engine_core_monitor",
+        ),
+        "an engine core that dies after its startup handshake but before the client "
+        "binds its input socket leaves LLM (the demo) and vllm serve waiting "
+        "VLLM_ENGINE_READY_TIMEOUT_S (600 s) for a message that died with it",
+        _FRONT,
+        "vLLM's client checks the engine processes while it waits for them",
+    ),
+    RuntimePatch(
         "openai_error_status",
         "vllm_kunlun.guards.error_status",
         ("vllm.entrypoints.openai.api_server.build_app",),

@@ -184,3 +184,84 @@ def test_named_tiny_models_are_built_once_into_the_cache(
     assert (default / "vllm-kunlun-tiny.json").is_file()
     with pytest.raises(ValueError, match="known: qwen3_5, qwen3"):
         tiny_model_dir("qwen2")
+
+
+def _engine_dies(**kwargs: object) -> DemoReport:
+    import sys
+
+    from vllm.v1.engine.exceptions import EngineDeadError
+
+    # vLLM's log line (on stderr under --json, in the log file in text mode)
+    print("ERROR Engine core proc EngineCore_DP0 died unexpectedly", file=sys.stderr)
+    try:
+        raise EngineDeadError(suppress_context=True)
+    except EngineDeadError as dead:  # what LLM's callers see: vLLM wraps it at times
+        raise RuntimeError("generation failed") from dead
+
+
+def test_a_dead_engine_ends_the_demo_with_one_line_naming_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
+    monkeypatch.setattr("vllm_kunlun.demo.run.run_demo", _engine_dies)
+    assert run_demo_command(_demo_args(tmp_path)) == 1
+    captured = capsys.readouterr()
+    (line,) = captured.err.splitlines()
+    assert "engine core process died (EngineDeadError)" in line
+    assert f"vLLM's log ({tmp_path / 'demo.log'}) names the process" in line
+    assert "out-of-memory killer" in line and "--max-model-len" in line
+    assert "> one two" not in captured.out and "Traceback" not in captured.err
+    assert "died unexpectedly" in (tmp_path / "demo.log").read_text()
+
+
+def test_a_dead_engine_under_json_prints_a_json_error_on_stdout(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
+    import json
+
+    monkeypatch.setattr("vllm_kunlun.demo.run.run_demo", _engine_dies)
+    out_file = tmp_path / "report.json"
+    args = _demo_args(tmp_path, "--json", "--json-out", str(out_file))
+    assert run_demo_command(args) == 1
+    captured = capsys.readouterr()
+    error = json.loads(captured.out)  # the only thing on stdout
+    assert error["exit_code"] == 1 and error["cause"] == "engine core died"
+    assert "engine core process died" in error["error"]
+    assert "vLLM's log above names the process" in error["error"]
+    assert json.loads(out_file.read_text()) == error
+    assert error["error"] in captured.err
+
+
+def test_other_errors_still_raise_under_json(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def engine(**kwargs: object) -> DemoReport:
+        raise ValueError("not an engine death")
+
+    monkeypatch.setattr("vllm_kunlun.demo.run.run_demo", engine)
+    with pytest.raises(ValueError, match="not an engine death"):
+        run_demo_command(_demo_args(tmp_path, "--json"))
+
+
+def test_a_cached_model_rebuilt_is_said_on_the_terminal_in_text_mode(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
+    from vllm_kunlun.demo.tiny_model import ensure_tiny_model
+
+    cached = ensure_tiny_model(tmp_path / "tiny")
+    weights = cached / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:-100])  # a truncated copy
+    capsys.readouterr()
+
+    def engine(**kwargs: object) -> DemoReport:
+        ensure_tiny_model(cached)  # what run_demo does for a named tiny model
+        return _report()
+
+    monkeypatch.setattr("vllm_kunlun.demo.run.run_demo", engine)
+    assert run_demo_command(_demo_args(tmp_path)) == 0
+    err = capsys.readouterr().err
+    assert f"the cached tiny model in {cached} does not load" in err
+    assert "truncated" in err and "rebuilding it" in err
+    # Once: the terminal handler is gone after the run.
+    weights.write_bytes(weights.read_bytes()[:-100])
+    ensure_tiny_model(cached)
+    assert "rebuilding it" not in capsys.readouterr().err
