@@ -169,6 +169,7 @@ LONGEST_FIRST = (
     "test_e2e_awq.py",
     "test_e2e_w4a16.py",
     "test_e2e_gptq.py",
+    "test_engine_start_death.py",
 )
 
 
