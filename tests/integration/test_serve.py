@@ -324,7 +324,7 @@ BAD_REQUESTS = {
     ),
     "oversized prompt": (
         {"prompt": " ".join(["the"] * (MAX_MODEL_LEN + 10))},
-        f"maximum context length is {MAX_MODEL_LEN - TOKENS} tokens",
+        f"maximum context length is {MAX_MODEL_LEN} tokens",
     ),
 }
 
