@@ -47,9 +47,14 @@ NESTED = {
 
 
 def write_model_dir(
-    tmp_path: Path, config: dict, weights_bytes: int = 28_000_000_000
+    tmp_path: Path,
+    config: dict,
+    weights_bytes: int = 28_000_000_000,
+    name: str = "Qwen3.8-27B-W8A8-INT8-Dynamic",
 ) -> str:
-    d = tmp_path / "models" / "Qwen3.8-27B-W8A8-INT8-Dynamic"
+    """``config.json`` and a sparse ``model.safetensors`` of ``weights_bytes`` (none
+    at 0) in ``tmp_path/models/name``."""
+    d = tmp_path / "models" / name
     d.mkdir(parents=True)
     (d / "config.json").write_text(json.dumps(config))
     if weights_bytes:

@@ -8,12 +8,12 @@ where each value comes from). Settings: the deployment log's (docs/deploy.md: TP
 from __future__ import annotations
 
 import copy
-import json
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from tests.unit.checks.hybrid_budget_cases import GIB, P800, write_model_dir
 from tests.unit.checks.qwen3_5_moe_configs import CONFIGS, PUBLISHED_TOTAL_PARAMS, w8a8
 from vllm_kunlun.checks.budget import check_kv_budget
 from vllm_kunlun.checks.finding import Context, Finding
@@ -21,19 +21,11 @@ from vllm_kunlun.checks.memory_budget import estimate
 from vllm_kunlun.checks.model_shape import ModelShape
 from vllm_kunlun.checks.moe_params import estimate_moe_weights, moe_tensors
 
-GIB = 1 << 30
-P800 = 96 * GIB
 LOG = {"tensor_parallel_size": 8, "gpu_memory_utilization": 0.75, "max_num_seqs": 256}
 
 
 def _dir(tmp_path: Path, config: dict[str, Any], weights: int = 0) -> str:
-    d = tmp_path / "models" / "moe"
-    d.mkdir(parents=True)
-    (d / "config.json").write_text(json.dumps(config))
-    if weights:
-        with open(d / "model.safetensors", "wb") as f:  # sparse: no disk used
-            f.truncate(weights)
-    return str(d)
+    return write_model_dir(tmp_path, config, weights, name="moe")
 
 
 def _check(model: str, **kw: Any) -> Finding:
